@@ -1,0 +1,1 @@
+"""Benchmark commands (`fastserve bench ...`): each prints its figures and can write JSON."""

@@ -1,0 +1,50 @@
+"""The `fastserve` command line.
+
+Each command group lives in its own module and registers itself here; output meant for the user
+goes to stdout, progress and logs to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def _model_pull(args: argparse.Namespace) -> int:
+    from fastserve.models import pull_default_model
+
+    path = pull_default_model(progress=True)
+    print(path)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fastserve", description=__doc__.splitlines()[0])
+    parser.add_argument("--log-level", default="INFO", help="logging level (stderr)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    model = sub.add_parser("model", help="manage model weights")
+    model_sub = model.add_subparsers(dest="model_command", required=True)
+    pull = model_sub.add_parser("pull", help="download and convert the default model (once)")
+    pull.set_defaults(func=_model_pull)
+
+    bench = sub.add_parser("bench", help="benchmarks that print figures")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    from fastserve.bench import engine as bench_engine
+
+    bench_engine.add_parser(bench_sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

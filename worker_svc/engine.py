@@ -1,0 +1,305 @@
+"""The worker's execution engine: per-job state and one iteration at a time.
+
+The scheduler owns every decision; the engine keeps what it needs to execute them cheaply
+(token ids, block table, sampling parameters per job) and validates each command so that one
+bad command fails only its own job.
+
+Per-step command semantics, applied in this order:
+
+| part            | effect                                                              |
+|-----------------|---------------------------------------------------------------------|
+| ``free_job_ids`` | forget the jobs and release their blocks                          |
+| ``new_jobs``     | register a job (prompt, sampling, initial blocks); runs only if commanded |
+| ``commands``     | append blocks, then process the next ``num_tokens`` uncomputed tokens |
+
+A job samples a token in an iteration that computes its last known token; a prefill chunk
+that stops short of the prompt's end samples nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from worker_svc.kv_pool import KVPool
+from worker_svc.model.llama import BatchMetadata, DecodeGroup, LlamaModel, PrefillSegment
+from worker_svc.sampler import SamplingParams, sample
+
+
+class ErrorCode(enum.IntEnum):
+    """Per-job error kinds; the values match gRPC status codes."""
+
+    INVALID_ARGUMENT = 3
+    NOT_FOUND = 5
+    ALREADY_EXISTS = 6
+    FAILED_PRECONDITION = 9
+    RESOURCE_EXHAUSTED = 8
+    OUT_OF_RANGE = 11
+    INTERNAL = 13
+
+
+@dataclass
+class NewJob:
+    job_id: int
+    prompt_token_ids: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    block_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class JobCommand:
+    job_id: int
+    num_tokens: int = 0
+    append_block_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class StepCommand:
+    new_jobs: list[NewJob] = field(default_factory=list)
+    commands: list[JobCommand] = field(default_factory=list)
+    free_job_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class JobResult:
+    job_id: int
+    num_computed_tokens: int
+    token_id: int | None = None
+    logprob: float | None = None
+
+
+@dataclass
+class JobError:
+    job_id: int
+    code: ErrorCode
+    message: str
+
+
+@dataclass
+class StepOutcome:
+    results: list[JobResult] = field(default_factory=list)
+    errors: list[JobError] = field(default_factory=list)
+    compute_time_s: float = 0.0
+
+
+@dataclass
+class _Job:
+    job_id: int
+    token_ids: list[int]
+    sampling: SamplingParams
+    block_ids: list[int]
+    num_prompt_tokens: int
+    num_computed: int = 0
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+
+class JobRejected(Exception):
+    def __init__(self, code: ErrorCode, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+class Engine:
+    """Executes StepCommands on one model and one KV pool."""
+
+    def __init__(self, model: LlamaModel, pool: KVPool, max_context: int | None = None):
+        self.model = model
+        self.pool = pool
+        self.device = pool.device
+        limit = model.cos.shape[0]
+        self.max_context = min(max_context or limit, limit)
+        self.jobs: dict[int, _Job] = {}
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.spec.vocab_size
+
+    def step(self, cmd: StepCommand) -> StepOutcome:
+        out = StepOutcome()
+        for job_id in cmd.free_job_ids:
+            job = self.jobs.pop(job_id, None)
+            if job is None:
+                out.errors.append(JobError(job_id, ErrorCode.NOT_FOUND, f"free: unknown job {job_id}"))
+            else:
+                self.pool.release(job.block_ids)
+        for new in cmd.new_jobs:
+            try:
+                self._admit(new)
+            except JobRejected as e:
+                out.errors.append(JobError(new.job_id, e.code, str(e)))
+        batch: list[tuple[_Job, int]] = []
+        seen: set[int] = set()
+        for c in cmd.commands:
+            try:
+                if c.job_id in seen:
+                    raise JobRejected(ErrorCode.INVALID_ARGUMENT,
+                                      f"job {c.job_id} is commanded twice in one step")
+                seen.add(c.job_id)
+                job = self._apply(c)
+            except JobRejected as e:
+                out.errors.append(JobError(c.job_id, e.code, str(e)))
+                continue
+            if c.num_tokens > 0:
+                batch.append((job, c.num_tokens))
+        if batch:
+            start = time.perf_counter()
+            try:
+                out.results = self._run(batch)
+            except Exception as e:  # noqa: BLE001 - one failed forward must not kill the worker
+                for job, _ in batch:
+                    out.errors.append(JobError(job.job_id, ErrorCode.INTERNAL,
+                                               f"forward failed: {type(e).__name__}: {e}"))
+            out.compute_time_s = time.perf_counter() - start
+        return out
+
+    def _admit(self, new: NewJob) -> None:
+        if new.job_id in self.jobs:
+            raise JobRejected(ErrorCode.ALREADY_EXISTS, f"job {new.job_id} already exists")
+        n = len(new.prompt_token_ids)
+        if n == 0:
+            raise JobRejected(ErrorCode.INVALID_ARGUMENT, "prompt_token_ids must not be empty")
+        if n >= self.max_context:
+            raise JobRejected(ErrorCode.INVALID_ARGUMENT,
+                              f"prompt_token_ids has {n} tokens; the limit is "
+                              f"{self.max_context - 1} (max context {self.max_context})")
+        bad = next((t for t in new.prompt_token_ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise JobRejected(ErrorCode.INVALID_ARGUMENT,
+                              f"prompt_token_ids contains {bad}, outside [0, {self.vocab_size})")
+        why = new.sampling.validate(self.vocab_size)
+        if why:
+            raise JobRejected(ErrorCode.INVALID_ARGUMENT, f"sampling: {why}")
+        self._check_blocks(new.job_id, new.block_ids)
+        self.pool.claim(new.job_id, new.block_ids)
+        self.jobs[new.job_id] = _Job(new.job_id, list(new.prompt_token_ids), new.sampling,
+                                     list(new.block_ids), n)
+
+    def _check_blocks(self, job_id: int, block_ids: list[int]) -> None:
+        why = self.pool.check_claim(job_id, block_ids)
+        if why is None:
+            return
+        code = ErrorCode.INVALID_ARGUMENT
+        if "in use" in why:
+            code = ErrorCode.FAILED_PRECONDITION
+        elif "free" in why:
+            code = ErrorCode.RESOURCE_EXHAUSTED
+        raise JobRejected(code, f"block_ids: {why}")
+
+    def _apply(self, c: JobCommand) -> _Job:
+        job = self.jobs.get(c.job_id)
+        if job is None:
+            raise JobRejected(ErrorCode.NOT_FOUND, f"unknown job {c.job_id}")
+        pending = len(job.token_ids) - job.num_computed
+        if not 0 <= c.num_tokens <= pending:
+            raise JobRejected(ErrorCode.INVALID_ARGUMENT,
+                              f"num_tokens must be in [0, {pending}] for job {c.job_id}, "
+                              f"got {c.num_tokens}")
+        end = job.num_computed + c.num_tokens
+        if end > self.max_context:
+            raise JobRejected(ErrorCode.OUT_OF_RANGE,
+                              f"job {c.job_id} would reach {end} tokens; max context is "
+                              f"{self.max_context}")
+        needed = math.ceil(end / self.pool.block_size)
+        have = len(job.block_ids) + len(c.append_block_ids)
+        if needed > have:
+            raise JobRejected(ErrorCode.INVALID_ARGUMENT,
+                              f"job {c.job_id} needs {needed} blocks for {end} tokens, holds {have}")
+        if c.append_block_ids:
+            self._check_blocks(c.job_id, c.append_block_ids)
+            self.pool.claim(c.job_id, c.append_block_ids)
+            job.block_ids.extend(c.append_block_ids)
+        return job
+
+    def _run(self, batch: list[tuple[_Job, int]]) -> list[JobResult]:
+        bs = self.pool.block_size
+        window = self.model.spec.sliding_window
+        dev = self.device
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        prefills: list[PrefillSegment] = []
+        decode_rows: list[int] = []
+        decode_jobs: list[_Job] = []
+        sample_rows: list[int] = []
+        sample_jobs: list[_Job] = []
+        for job, n in batch:
+            start, c = len(ids), job.num_computed
+            ids.extend(job.token_ids[c:c + n])
+            for pos in range(c, c + n):
+                positions.append(pos)
+                slots.append(job.block_ids[pos // bs] * bs + pos % bs)
+            if n == 1 and c > 0:
+                decode_rows.append(start)
+                decode_jobs.append(job)
+            else:
+                prefills.append(self._segment(job, start, n, window))
+            if c + n == len(job.token_ids):
+                sample_rows.append(start + n - 1)
+                sample_jobs.append(job)
+        meta = BatchMetadata(
+            positions=torch.tensor(positions, dtype=torch.long, device=dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            prefills=prefills,
+            decode=self._decode_group(decode_rows, decode_jobs, window),
+            logits_index=torch.tensor(sample_rows, dtype=torch.long, device=dev),
+        )
+        input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
+        logits = self.model.forward(input_ids, meta, self.pool)
+        for job, n in batch:
+            job.num_computed += n
+        tokens, logprobs = sample(
+            logits,
+            [j.sampling for j in sample_jobs],
+            [j.num_generated for j in sample_jobs],
+            [j.job_id for j in sample_jobs],
+        )
+        sampled = {}
+        for job, tok, lp in zip(sample_jobs, tokens, logprobs):
+            job.token_ids.append(tok)
+            sampled[job.job_id] = (tok, lp)
+        results = []
+        for job, _ in batch:
+            tok, lp = sampled.get(job.job_id, (None, None))
+            results.append(JobResult(job.job_id, job.num_computed, tok, lp))
+        return results
+
+    def _segment(self, job: _Job, start: int, n: int, window: int | None) -> PrefillSegment:
+        c = job.num_computed
+        ctx = c + n
+        table = torch.tensor(job.block_ids[: math.ceil(ctx / self.pool.block_size)],
+                             dtype=torch.long, device=self.device)
+        mask = None
+        if c > 0 or (window is not None and n > window):
+            q_pos = torch.arange(c, ctx, device=self.device)[:, None]
+            k_pos = torch.arange(ctx, device=self.device)[None, :]
+            mask = k_pos <= q_pos
+            if window is not None:
+                mask &= k_pos > q_pos - window
+        return PrefillSegment(start, n, ctx, table, mask)
+
+    def _decode_group(self, rows: list[int], jobs: list[_Job], window: int | None
+                      ) -> DecodeGroup | None:
+        if not rows:
+            return None
+        bs = self.pool.block_size
+        ctx = [j.num_computed + 1 for j in jobs]
+        max_blocks = max(math.ceil(c / bs) for c in ctx)
+        tables = [j.block_ids[:max_blocks] + [0] * (max_blocks - len(j.block_ids[:max_blocks]))
+                  for j in jobs]
+        ctx_t = torch.tensor(ctx, device=self.device)[:, None]
+        k_pos = torch.arange(max_blocks * bs, device=self.device)[None, :]
+        mask = k_pos < ctx_t
+        if window is not None:
+            mask &= k_pos > ctx_t - 1 - window
+        return DecodeGroup(
+            token_index=torch.tensor(rows, dtype=torch.long, device=self.device),
+            block_tables=torch.tensor(tables, dtype=torch.long, device=self.device),
+            mask=mask[:, None, None, :],
+        )

@@ -1,0 +1,77 @@
+"""Build an Engine from a model argument: weights loaded through transformers."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from worker_svc.engine import Engine
+from worker_svc.kv_pool import KVPool, KVPoolConfig
+from worker_svc.model.config import ModelSpec, rope_tables
+from worker_svc.model.llama import LlamaModel
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str
+    device: str = "cpu"
+    dtype: str = "float32"
+    num_blocks: int = 2048
+    block_size: int = 16
+    max_context: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        torch.device(self.device)  # raises on a malformed device string
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device {self.device!r} requested but CUDA is not available")
+        if self.num_blocks < 1 or self.block_size < 1:
+            raise ValueError(
+                f"num_blocks and block_size must be >= 1, got {self.num_blocks}, {self.block_size}"
+            )
+
+
+@dataclass
+class LoadedModel:
+    engine: Engine
+    spec: ModelSpec
+    hf_config: object
+    model_path: str
+
+
+def load_engine(cfg: EngineConfig) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from fastserve.models import resolve_model
+
+    path = str(resolve_model(cfg.model))
+    dtype = DTYPES[cfg.dtype]
+    device = torch.device(cfg.device)
+    log.info("loading %s (%s on %s)", path, cfg.dtype, device)
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    try:
+        gen_cfg = GenerationConfig.from_pretrained(path)
+    except OSError:
+        gen_cfg = None
+    spec = ModelSpec.from_hf_config(hf.config, gen_cfg)
+    weights = {k: v.detach().to(device) for k, v in hf.state_dict().items()}
+    max_positions = min(cfg.max_context or spec.max_position_embeddings,
+                        spec.max_position_embeddings)
+    cos, sin = rope_tables(hf.config, max_positions, device)
+    model = LlamaModel(spec, weights, cos, sin)
+    hf_config = hf.config
+    del hf, weights
+    pool = KVPool(
+        KVPoolConfig(spec.num_layers, spec.num_kv_heads, spec.head_dim, cfg.num_blocks,
+                     cfg.block_size),
+        device,
+        dtype,
+    )
+    return LoadedModel(Engine(model, pool, max_positions), spec, hf_config, path)

@@ -1,0 +1,1 @@
+"""Llama-family forward pass over a paged KV pool."""

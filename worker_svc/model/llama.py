@@ -1,0 +1,171 @@
+"""A Llama-family decoder (Llama 2/3, SmolLM, Qwen2, Mistral) over a paged KV pool.
+
+All tokens of an iteration, from every job, prefill chunks and decodes alike, are packed into
+one ``[T, hidden]`` matrix: projections and MLPs run once on exactly the tokens that need them
+(no padding). Only attention is per job: prefill chunks one job at a time, decodes batched
+over their gathered KV blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from worker_svc.kv_pool import KVPool
+from worker_svc.model.config import ModelSpec
+
+
+@dataclass
+class PrefillSegment:
+    """A run of ``num_tokens`` new tokens of one job whose KV context has ``context_len``."""
+
+    start: int  # index of its first token in the packed batch
+    num_tokens: int
+    context_len: int  # tokens in cache after this iteration, new ones included
+    block_table: torch.Tensor  # [num_blocks_needed] int64, on device
+    mask: torch.Tensor | None  # [num_tokens, context_len] bool, None = plain causal, no prefix
+
+
+@dataclass
+class DecodeGroup:
+    """Jobs that each process exactly one token this iteration."""
+
+    token_index: torch.Tensor  # [B] int64, their rows in the packed batch
+    block_tables: torch.Tensor  # [B, max_blocks] int64 (padded rows point at block 0)
+    mask: torch.Tensor  # [B, 1, 1, max_blocks * block_size] bool
+
+
+@dataclass
+class BatchMetadata:
+    """Everything a forward pass needs besides the token ids; built once, used by every layer."""
+
+    positions: torch.Tensor  # [T] int64
+    slot_mapping: torch.Tensor  # [T] int64, where each new token's K/V goes in the pool
+    prefills: list[PrefillSegment] = field(default_factory=list)
+    decode: DecodeGroup | None = None
+    logits_index: torch.Tensor | None = None  # [S] rows whose next-token logits are wanted
+
+
+class LlamaModel:
+    """Weights as plain tensors and a forward pass; no nn.Module bookkeeping on the hot path."""
+
+    def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], cos: torch.Tensor,
+                 sin: torch.Tensor):
+        self.spec = spec
+        s = spec
+        self.embed = weights["model.embed_tokens.weight"]
+        self.lm_head = self.embed if s.tie_word_embeddings else weights["lm_head.weight"]
+        self.final_norm = weights["model.norm.weight"]
+        self.cos = cos.to(self.embed.dtype)
+        self.sin = sin.to(self.embed.dtype)
+        self.scale = s.head_dim ** -0.5
+        self.layers = []
+        for i in range(s.num_layers):
+            p = f"model.layers.{i}."
+            qkv = torch.cat([weights[p + f"self_attn.{n}_proj.weight"] for n in "qkv"], 0)
+            qkv_bias = None
+            if s.attention_bias:
+                qkv_bias = torch.cat([weights[p + f"self_attn.{n}_proj.bias"] for n in "qkv"], 0)
+            gate_up = torch.cat(
+                [weights[p + "mlp.gate_proj.weight"], weights[p + "mlp.up_proj.weight"]], 0
+            )
+            self.layers.append(
+                {
+                    "in_norm": weights[p + "input_layernorm.weight"],
+                    "qkv": qkv,
+                    "qkv_bias": qkv_bias,
+                    "o": weights[p + "self_attn.o_proj.weight"],
+                    "o_bias": weights.get(p + "self_attn.o_proj.bias"),
+                    "post_norm": weights[p + "post_attention_layernorm.weight"],
+                    "gate_up": gate_up,
+                    "down": weights[p + "mlp.down_proj.weight"],
+                }
+            )
+
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        # Same steps as transformers' LlamaRMSNorm: statistics in float32, cast back, scale.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.spec.rms_norm_eps)
+        return weight * xf.to(x.dtype)
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # x: [T, heads, head_dim]; cos, sin: [T, 1, head_dim]
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, meta: BatchMetadata, pool: KVPool) -> torch.Tensor:
+        """Run the decoder on packed tokens; return logits ``[S, vocab]`` float32 for
+        ``meta.logits_index`` rows, after writing every new token's K/V into ``pool``."""
+        s = self.spec
+        num_tokens = input_ids.shape[0]
+        x = F.embedding(input_ids, self.embed)  # [T, hidden]
+        cos = self.cos[meta.positions].unsqueeze(1)  # [T, 1, head_dim]
+        sin = self.sin[meta.positions].unsqueeze(1)
+        q_size = s.num_heads * s.head_dim
+        kv_size = s.num_kv_heads * s.head_dim
+        for i, layer in enumerate(self.layers):
+            h = self._rms_norm(x, layer["in_norm"])
+            qkv = F.linear(h, layer["qkv"], layer["qkv_bias"])
+            q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+            q = self._rope(q.view(num_tokens, s.num_heads, s.head_dim), cos, sin)
+            k = self._rope(k.view(num_tokens, s.num_kv_heads, s.head_dim), cos, sin)
+            v = v.view(num_tokens, s.num_kv_heads, s.head_dim)
+            k_slots, v_slots = pool.layer_slots(i)
+            k_slots.index_copy_(0, meta.slot_mapping, k)
+            v_slots.index_copy_(0, meta.slot_mapping, v)
+            attn = self._attention(i, q, k, v, meta, pool)  # [T, heads * head_dim]
+            x = x + F.linear(attn, layer["o"], layer["o_bias"])
+            h = self._rms_norm(x, layer["post_norm"])
+            gate, up = F.linear(h, layer["gate_up"]).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer["down"])
+        if meta.logits_index is None or meta.logits_index.numel() == 0:
+            return torch.empty((0, s.vocab_size), dtype=torch.float32, device=x.device)
+        x = self._rms_norm(x[meta.logits_index], self.final_norm)
+        return F.linear(x, self.lm_head).float()
+
+    def _attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   meta: BatchMetadata, pool: KVPool) -> torch.Tensor:
+        s = self.spec
+        out = torch.empty_like(q)  # [T, heads, head_dim]
+        gqa = s.num_heads != s.num_kv_heads
+        k_blocks, v_blocks = pool.layer_blocks(layer)  # [num_blocks, block_size, kvh, d]
+        for seg in meta.prefills:
+            rows = slice(seg.start, seg.start + seg.num_tokens)
+            qs = q[rows].transpose(0, 1).unsqueeze(0)  # [1, heads, n, d]
+            if seg.mask is None:
+                ks = k[rows].transpose(0, 1).unsqueeze(0)  # [1, kvh, n, d]
+                vs = v[rows].transpose(0, 1).unsqueeze(0)
+                o = F.scaled_dot_product_attention(
+                    qs, ks, vs, is_causal=seg.num_tokens > 1, scale=self.scale, enable_gqa=gqa
+                )
+            else:
+                ks = _gather(k_blocks, seg.block_table, seg.context_len)
+                vs = _gather(v_blocks, seg.block_table, seg.context_len)
+                o = F.scaled_dot_product_attention(
+                    qs, ks, vs, attn_mask=seg.mask, scale=self.scale, enable_gqa=gqa
+                )
+            out[rows] = o[0].transpose(0, 1)
+        if meta.decode is not None:
+            d = meta.decode
+            batch, max_blocks = d.block_tables.shape
+            length = max_blocks * pool.block_size
+            shape = (batch, length, s.num_kv_heads, s.head_dim)
+            ks = k_blocks.index_select(0, d.block_tables.view(-1)).view(shape).transpose(1, 2)
+            vs = v_blocks.index_select(0, d.block_tables.view(-1)).view(shape).transpose(1, 2)
+            qd = q.index_select(0, d.token_index).unsqueeze(2)  # [B, heads, 1, d]
+            o = F.scaled_dot_product_attention(
+                qd, ks, vs, attn_mask=d.mask, scale=self.scale, enable_gqa=gqa
+            )
+            out.index_copy_(0, d.token_index, o.squeeze(2))
+        return out.view(q.shape[0], -1)
+
+
+def _gather(blocks: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    """One job's first ``length`` cached tokens as ``[1, kv_heads, length, head_dim]``."""
+    g = blocks.index_select(0, block_table)  # [n, block_size, kvh, d]
+    g = g.view(-1, g.shape[2], g.shape[3])[:length]
+    return g.transpose(0, 1).unsqueeze(0)

@@ -1,0 +1,82 @@
+"""Token sampling: greedy, temperature, top-k, top-p, reproducible per job.
+
+Randomness for a job's n-th sampled token comes from a generator seeded with (seed, n), so a
+job draws the same tokens whatever else shares the batch, and a job recomputed after a
+preemption draws what it would have drawn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant: spreads consecutive step numbers apart
+_MASK = (1 << 63) - 1
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int | None = None
+
+    def validate(self, vocab_size: int) -> str | None:
+        """Why these parameters are unusable, or None."""
+        if not self.temperature >= 0.0:
+            return f"temperature must be >= 0, got {self.temperature}"
+        if not 0.0 < self.top_p <= 1.0:
+            return f"top_p must be in (0, 1], got {self.top_p}"
+        if self.top_k < 0:
+            return f"top_k must be >= 0, got {self.top_k}"
+        if self.top_k > vocab_size:
+            return f"top_k must be <= vocab size {vocab_size}, got {self.top_k}"
+        return None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+def step_seed(seed: int, step: int) -> int:
+    return ((seed & _MASK) * _MIX + step * 0x632BE59BD9B4E019 + 1) & _MASK
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams], steps: list[int],
+           default_seeds: list[int]) -> tuple[list[int], list[float]]:
+    """Pick one token per row of ``logits`` ``[S, vocab]`` (float32).
+
+    Returns the token ids and their log-probabilities under the model's unmodified
+    distribution (temperature 1, no truncation), as OpenAI-style APIs report them.
+    """
+    logprobs_all = torch.log_softmax(logits, dim=-1)
+    tokens = torch.argmax(logits, dim=-1)
+    sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
+    if sampled_rows:
+        tokens = tokens.clone()
+        for i in sampled_rows:
+            p = params[i]
+            seed = p.seed if p.seed is not None else default_seeds[i]
+            gen = torch.Generator(device=logits.device)
+            gen.manual_seed(step_seed(seed, steps[i]))
+            tokens[i] = _sample_row(logits[i], p, gen)
+    token_list = tokens.tolist()
+    picked = logprobs_all.gather(1, tokens.view(-1, 1)).view(-1).tolist()
+    return token_list, picked
+
+
+def _sample_row(row: torch.Tensor, p: SamplingParams, gen: torch.Generator) -> torch.Tensor:
+    row = row / p.temperature
+    if p.top_k > 0:
+        kth = torch.topk(row, p.top_k).values[-1]
+        row = row.masked_fill(row < kth, float("-inf"))
+    if p.top_p < 1.0:
+        sorted_logits, order = torch.sort(row, descending=True)
+        cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+        # Drop a token when the tokens before it already reach top_p; the first always stays.
+        drop_sorted = (cum - torch.softmax(sorted_logits, dim=-1)) >= p.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
+        row = row.masked_fill(drop, float("-inf"))
+    probs = torch.softmax(row, dim=-1)
+    return torch.multinomial(probs, 1, generator=gen)[0]
