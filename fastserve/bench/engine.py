@@ -1,9 +1,7 @@
 """`fastserve bench engine`: this engine against transformers generate().
 
-One run, one model, one device: decode tokens/s at several batch sizes and prefill tokens/s,
-for the worker's engine and for transformers ``generate()`` on the same prompts. Greedy tokens
-of both are compared as a sanity check (mismatching rows are counted, never fatal). Progress
-goes to stderr, the table to stdout, and ``--json`` writes the figures.
+Decode tokens/s per batch size and prefill tokens/s, both systems on the same model, device and
+prompts; greedy tokens are compared as a sanity check (mismatching rows counted, never fatal).
 """
 
 from __future__ import annotations
@@ -46,6 +44,12 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
+def _warn(msg: str) -> None:
+    from tqdm.auto import tqdm
+
+    tqdm.write(f"warning: {msg}", file=sys.stderr)
+
+
 def _sync(device: str) -> None:
     import torch
 
@@ -65,7 +69,7 @@ def make_prompts(vocab_size: int, batch: int, mean_len: int, exact: bool = False
 # --- this engine ------------------------------------------------------------------------------
 
 class _Jobs:
-    """Hands out job ids and block ids; frees everything after each measurement."""
+    """Hands out job ids and block ids (every measurement frees its jobs again)."""
 
     def __init__(self, engine):
         self.engine, self.next_id = engine, 0
@@ -88,60 +92,45 @@ class _Jobs:
             raise RuntimeError(f"engine step failed: {out.errors[0]}")
         return out
 
-    def free(self, jobs: list) -> None:
-        self.step(free_job_ids=[j.job_id for j in jobs])
-
 
 def _engine_generate(jobs: _Jobs, prompts: list[list[int]], decode_tokens: int
-                     ) -> tuple[list[list[int]], float]:
-    """Prefill, then ``decode_tokens`` timed decode steps; return tokens and decode time."""
+                     ) -> tuple[list[list[int]], float, float]:
+    """Prefill in one step, then ``decode_tokens`` decode steps; tokens and both step times."""
     from worker_svc.engine import JobCommand
 
     new = jobs.new(prompts, [len(p) + decode_tokens + 1 for p in prompts])
+    dev = jobs.engine.device.type
     try:
+        _sync(dev)
+        start = time.perf_counter()
         out = jobs.step(new_jobs=new, commands=[JobCommand(j.job_id, len(j.prompt_token_ids))
                                                 for j in new])
+        _sync(dev)
+        prefill_end = time.perf_counter()
         tokens = {r.job_id: [r.token_id] for r in out.results}
         decode = [JobCommand(j.job_id, 1) for j in new]
-        _sync(jobs.engine.device.type)
-        start = time.perf_counter()
         for _ in range(decode_tokens):
             for r in jobs.step(commands=decode).results:
                 tokens[r.job_id].append(r.token_id)
-        _sync(jobs.engine.device.type)
-        elapsed = time.perf_counter() - start
+        _sync(dev)
+        end = time.perf_counter()
     finally:
-        jobs.free(new)
-    return [tokens[j.job_id] for j in new], elapsed
+        jobs.step(free_job_ids=[j.job_id for j in new])
+    return [tokens[j.job_id] for j in new], prefill_end - start, end - prefill_end
 
 
 def bench_engine_decode(jobs: _Jobs, prompts: list[list[int]], decode_tokens: int,
                         repeats: int) -> tuple[float, list[list[int]]]:
     _engine_generate(jobs, prompts, min(2, decode_tokens))  # warm-up
     runs = [_engine_generate(jobs, prompts, decode_tokens) for _ in range(repeats)]
-    best = min(t for _, t in runs)
-    return len(prompts) * decode_tokens / best, runs[0][0]
+    return len(prompts) * decode_tokens / min(r[2] for r in runs), runs[0][0]
 
 
 def bench_engine_prefill(jobs: _Jobs, prompts: list[list[int]], repeats: int
                          ) -> tuple[float, list[list[int]]]:
-    from worker_svc.engine import JobCommand
-
-    def once() -> tuple[list[list[int]], float]:
-        new = jobs.new(prompts, [len(p) + 1 for p in prompts])
-        cmds = [JobCommand(j.job_id, len(j.prompt_token_ids)) for j in new]
-        try:
-            _sync(jobs.engine.device.type)
-            start = time.perf_counter()
-            out = jobs.step(new_jobs=new, commands=cmds)
-            _sync(jobs.engine.device.type)
-            return [[r.token_id] for r in out.results], time.perf_counter() - start
-        finally:
-            jobs.free(new)
-
-    once()  # warm-up
-    runs = [once() for _ in range(repeats)]
-    return sum(map(len, prompts)) / min(t for _, t in runs), runs[0][0]
+    _engine_generate(jobs, prompts, 0)  # warm-up
+    runs = [_engine_generate(jobs, prompts, 0) for _ in range(repeats)]
+    return sum(map(len, prompts)) / min(r[1] for r in runs), runs[0][0]
 
 
 # --- transformers -----------------------------------------------------------------------------
@@ -178,8 +167,8 @@ def bench_hf_decode(model, prompts: list[list[int]], decode_tokens: int, repeats
     runs = [_hf_generate(model, prompts, decode_tokens + 1, device) for _ in range(repeats)]
     decode_time = min(t for _, t in runs) - prefill
     if decode_time <= 0:
-        print(f"warning: transformers decode time at batch {len(prompts)} not measurable "
-              f"(noise); try more --decode-tokens or --repeats", file=sys.stderr)
+        _warn(f"transformers decode time at batch {len(prompts)} not measurable (noise); "
+              "try more --decode-tokens or --repeats")
         return None, runs[0][0]
     return len(prompts) * decode_tokens / decode_time, runs[0][0]
 
@@ -226,35 +215,41 @@ def report(results: dict, config: dict, mismatches: tuple[int, int] | None) -> s
     return "\n".join(lines)
 
 
-def _measure(args, jobs: _Jobs, hf, vocab: int, bar) -> tuple[dict, list[int], int]:
-    """Run every measurement; return results, mismatching-row counts and compared rows."""
+def _measure_one(args, jobs: _Jobs, hf, prompts: list[list[int]], kind: str, bar):
+    """One measurement for both systems: (engine tok/s, transformers tok/s, mismatched rows)."""
+    if kind == "decode":
+        rate, toks = bench_engine_decode(jobs, prompts, args.decode_tokens, args.repeats)
+    else:
+        rate, toks = bench_engine_prefill(jobs, prompts, args.repeats)
+    bar.update()
+    if hf is None:
+        return rate, None, 0
+    if kind == "decode":
+        ref, ref_toks = bench_hf_decode(hf, prompts, args.decode_tokens, args.repeats,
+                                        args.device)
+    else:
+        ref, ref_toks = bench_hf_prefill(hf, prompts, args.repeats, args.device)
+    bar.update()
+    return rate, ref, sum(a != b for a, b in zip(toks, ref_toks))
+
+
+def _measure(args, jobs: _Jobs, hf, vocab: int, bar) -> tuple[dict, int, int]:
+    """Run every measurement; return results, mismatching rows and compared rows."""
     eng = {"decode_tokens_s": {}, "prefill_tokens_s": None}
-    ref = None if hf is None else {"decode_tokens_s": {}, "prefill_tokens_s": None}
-    mism, rows = [], 0
-    items = [("decode", b) for b in args.batch_sizes] + [("prefill", args.prefill_batch)]
-    for kind, b in items:
-        bar.set_description(f"{kind} batch {b}")
-        if kind == "decode":
-            prompts = make_prompts(vocab, b, args.prompt_len)
-            rate, toks = bench_engine_decode(jobs, prompts, args.decode_tokens, args.repeats)
-            eng["decode_tokens_s"][str(b)] = rate
-        else:
-            prompts = make_prompts(vocab, b, args.prefill_len, exact=True)
-            rate, toks = bench_engine_prefill(jobs, prompts, args.repeats)
-            eng["prefill_tokens_s"] = rate
-        bar.update()
-        if hf is not None:
-            if kind == "decode":
-                rate, hf_toks = bench_hf_decode(hf, prompts, args.decode_tokens, args.repeats,
-                                                args.device)
-                ref["decode_tokens_s"][str(b)] = rate
-            else:
-                rate, hf_toks = bench_hf_prefill(hf, prompts, args.repeats, args.device)
-                ref["prefill_tokens_s"] = rate
-            mism.append(sum(a != h for a, h in zip(toks, hf_toks)))
-            rows += len(prompts)
-            bar.update()
-    return {"engine": eng, "transformers": ref}, mism, rows
+    ref = {"decode_tokens_s": {}, "prefill_tokens_s": None}
+    mism = rows = 0
+    for b in args.batch_sizes:
+        bar.set_description(f"decode batch {b}")
+        prompts = make_prompts(vocab, b, args.prompt_len)
+        e, h, m = _measure_one(args, jobs, hf, prompts, "decode", bar)
+        eng["decode_tokens_s"][str(b)], ref["decode_tokens_s"][str(b)] = e, h
+        mism, rows = mism + m, rows + b
+    bar.set_description(f"prefill batch {args.prefill_batch}")
+    prompts = make_prompts(vocab, args.prefill_batch, args.prefill_len, exact=True)
+    eng["prefill_tokens_s"], ref["prefill_tokens_s"], m = _measure_one(
+        args, jobs, hf, prompts, "prefill", bar)
+    return ({"engine": eng, "transformers": None if hf is None else ref}, mism + m,
+            rows + args.prefill_batch)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -293,12 +288,10 @@ def run(args: argparse.Namespace) -> int:
         with tqdm(total=total, file=sys.stderr, unit="run") as bar:
             results, mism, rows = _measure(args, _Jobs(loaded.engine), hf,
                                            loaded.spec.vocab_size, bar)
-    mismatches = None if hf is None else (sum(mism), rows)
-    print(report(results, config, mismatches), flush=True)
+    print(report(results, config, None if hf is None else (mism, rows)), flush=True)
     if args.json:
-        doc = {**results, "config": config,
-               "greedy_mismatched_rows": None if hf is None else sum(mism),
-               "greedy_compared_rows": rows}
+        doc = {**results, "config": config, "greedy_mismatched_rows": None if hf is None else mism,
+               "greedy_compared_rows": None if hf is None else rows}
         with open(args.json, "w") as fh:
             fh.write(json.dumps(doc, indent=2) + "\n")
     return 0

@@ -34,7 +34,7 @@ class DecodeGroup:
 
     token_index: torch.Tensor  # [B] int64, their rows in the packed batch
     block_tables: torch.Tensor  # [B, max_blocks] int64 (padded rows point at block 0)
-    mask: torch.Tensor  # [B, 1, 1, max_blocks * block_size] bool
+    mask: torch.Tensor  # [B, 1, 1, max_blocks * block_size] bool, True = attend
 
 
 @dataclass
@@ -151,17 +151,32 @@ class LlamaModel:
             out[rows] = o[0].transpose(0, 1)
         if meta.decode is not None:
             d = meta.decode
-            batch, max_blocks = d.block_tables.shape
-            length = max_blocks * pool.block_size
-            shape = (batch, length, s.num_kv_heads, s.head_dim)
-            ks = k_blocks.index_select(0, d.block_tables.view(-1)).view(shape).transpose(1, 2)
-            vs = v_blocks.index_select(0, d.block_tables.view(-1)).view(shape).transpose(1, 2)
-            qd = q.index_select(0, d.token_index).unsqueeze(2)  # [B, heads, 1, d]
-            o = F.scaled_dot_product_attention(
-                qd, ks, vs, attn_mask=d.mask, scale=self.scale, enable_gqa=gqa
-            )
-            out.index_copy_(0, d.token_index, o.squeeze(2))
+            qd = q.index_select(0, d.token_index)  # [B, heads, d]
+            out.index_copy_(0, d.token_index, self._decode_attention(qd, k_blocks, v_blocks, d))
         return out.view(q.shape[0], -1)
+
+
+    def _decode_attention(self, q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor,
+                          d: DecodeGroup) -> torch.Tensor:
+        """One query per job against its gathered blocks; returns ``[B, heads, head_dim]``.
+
+        Written as two batched matmuls rather than SDPA: for a single query row, PyTorch's CPU
+        flash-attention kernel spends far more time in setup than in arithmetic.
+        """
+        s = self.spec
+        batch, max_blocks = d.block_tables.shape
+        length = max_blocks * k_blocks.shape[1]
+        group = s.num_heads // s.num_kv_heads
+        flat = d.block_tables.view(-1)
+        # [B, L, kvh, d] -> [B, kvh, L, d]
+        ks = k_blocks.index_select(0, flat).view(batch, length, s.num_kv_heads, s.head_dim)
+        vs = v_blocks.index_select(0, flat).view(batch, length, s.num_kv_heads, s.head_dim)
+        qg = q.view(batch, s.num_kv_heads, group, s.head_dim)
+        scores = torch.matmul(qg, ks.permute(0, 2, 3, 1)) * self.scale  # [B, kvh, group, L]
+        scores.masked_fill_(~d.mask, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        o = torch.matmul(probs, vs.transpose(1, 2))  # [B, kvh, group, d]
+        return o.reshape(batch, s.num_heads, s.head_dim)
 
 
 def _gather(blocks: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:

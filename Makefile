@@ -1,0 +1,40 @@
+# FastServe developer entry points. `make serve` and `make test` work on a fresh clone.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU build of torch; on a CUDA machine install the matching CUDA build first.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: install proto model serve test lint bench-engine clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev,plot]"
+	touch $@
+
+# Python modules generated from protos/ (never edited by hand, not committed).
+proto: install
+	$(PY) -m fastserve.proto.build
+
+# Downloads and converts the default model once; later runs find it cached.
+model: install
+	$(PY) -m fastserve.cli model pull
+
+serve: proto model
+	$(PY) -m worker_svc --listen 127.0.0.1:50061
+
+test: proto model
+	$(PY) -m pytest -q
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+bench-engine: proto model
+	$(PY) -m fastserve.cli bench engine --json docs/bench-engine.json
+
+clean:
+	rm -rf $(VENV) fastserve/proto/fastserve

@@ -1,0 +1,157 @@
+"""The worker's gRPC service: a thin layer over the engine (fastserve.v1.Worker).
+
+One Step stream at a time drives the engine, in the servicer thread that reads it. Everything
+a stream creates dies with it: when the stream ends (the scheduler closed it, cancelled, or its
+connection dropped) the worker frees the stream's jobs, so a reconnecting scheduler starts from
+an empty pool.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from concurrent import futures
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+import fastserve
+from fastserve.proto import worker_pb2 as pb
+from fastserve.proto import worker_pb2_grpc
+from worker_svc import profiler, wire
+from worker_svc.engine import ErrorCode, JobError, StepCommand, StepOutcome
+from worker_svc.loader import LoadedModel
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Worker"].full_name
+# A scheduler that reconnects right after its previous stream broke may arrive before the
+# worker has noticed; waiting this long for the old stream to finish avoids a spurious refusal.
+ATTACH_WAIT_S = 2.0
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServicer):
+    """Serves Describe, Profile and Step for one loaded model."""
+
+    def __init__(self, loaded: LoadedModel, model_arg: str | None = None):
+        self.loaded = loaded
+        self.engine = loaded.engine
+        self.model_arg = model_arg if model_arg is not None else loaded.model_path
+        # Held by the Step stream that drives the engine.
+        self._attached = threading.Lock()
+        # Held around every use of the engine (Step iterations, profiling).
+        self._engine_lock = threading.Lock()
+
+    def Describe(self, request: pb.DescribeRequest, context: grpc.ServicerContext
+                 ) -> pb.DescribeResponse:
+        spec, pool = self.loaded.spec, self.engine.pool
+        return pb.DescribeResponse(
+            model=self.model_arg,
+            model_path=str(self.loaded.model_path),
+            dtype=str(pool.dtype).removeprefix("torch."),
+            device=str(pool.device),
+            block_size=pool.block_size,
+            num_blocks=pool.num_blocks,
+            kv_bytes_per_block=pool.config.bytes_per_block(pool.dtype),
+            first_layer=0,
+            end_layer=spec.num_layers,
+            num_layers=spec.num_layers,
+            max_context=self.engine.max_context,
+            vocab_size=spec.vocab_size,
+            eos_token_ids=list(spec.eos_token_ids),
+            num_kv_heads=spec.num_kv_heads,
+            head_dim=spec.head_dim,
+            worker_version=fastserve.__version__,
+        )
+
+    def Profile(self, request: pb.ProfileRequest, context: grpc.ServicerContext
+                ) -> pb.ProfileResponse:
+        with self._engine_lock:
+            # Under the lock, so a caller that waited for someone else's measurement gets it.
+            if not request.force:
+                key = profiler.cache_key(self.engine, self.loaded.model_path)
+                cached = profiler.load(profiler.profile_path(key))
+                if cached is not None:
+                    return wire.profile_to_proto(cached)
+            if self.engine.jobs:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"profiling needs an idle worker; {len(self.engine.jobs)} jobs are "
+                              "active (free them, or profile before attaching a scheduler)")
+            try:
+                profile = profiler.get_profile(self.engine, self.loaded.model_path, force=True)
+            except Exception as e:  # noqa: BLE001 - report it and keep serving
+                log.exception("profiling failed")
+                context.abort(grpc.StatusCode.INTERNAL, f"profiling failed: {e}")
+        return wire.profile_to_proto(profile)
+
+    def Step(self, request_iterator: Iterator[pb.StepRequest], context: grpc.ServicerContext
+             ) -> Iterator[pb.StepResponse]:
+        if not self._attached.acquire(timeout=ATTACH_WAIT_S):
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "another scheduler is attached")
+        peer = context.peer()
+        log.info("scheduler attached: %s", peer)
+        owned: set[int] = set()
+        try:
+            for request in request_iterator:
+                yield self._step(request, owned)
+        finally:
+            self._detach(peer, owned)
+            self._attached.release()
+
+    def _step(self, request: pb.StepRequest, owned: set[int]) -> pb.StepResponse:
+        pool = self.engine.pool
+        with self._engine_lock:
+            try:
+                cmd, errors = wire.step_command_from_proto(request)
+                out = self.engine.step(cmd)
+            except Exception as e:  # noqa: BLE001 - the stream outlives any one bad Step
+                log.exception("step %d failed", request.step_id)
+                out = _fail_all(request, f"step failed: {type(e).__name__}: {e}")
+            else:
+                out.errors[:0] = errors
+            # Recomputed from the engine, so it stays right even after a Step that failed midway.
+            owned.update(j.job_id for j in request.new_jobs)
+            owned.intersection_update(self.engine.jobs)
+            used = pool.num_used_blocks
+        return wire.step_outcome_to_proto(out, request.step_id, used, pool.num_blocks - used)
+
+    def _detach(self, peer: str, owned: set[int]) -> None:
+        with self._engine_lock:
+            live = sorted(j for j in owned if j in self.engine.jobs)
+            if live:
+                before = self.engine.pool.num_used_blocks
+                self.engine.step(StepCommand(free_job_ids=live))
+                log.info("scheduler detached: %s; freed %d jobs (%d blocks)", peer, len(live),
+                         before - self.engine.pool.num_used_blocks)
+            else:
+                log.info("scheduler detached: %s; no jobs to free", peer)
+
+
+def _fail_all(request: pb.StepRequest, message: str) -> StepOutcome:
+    ids = dict.fromkeys([*(j.job_id for j in request.new_jobs),
+                         *(c.job_id for c in request.commands)])
+    return StepOutcome(errors=[JobError(j, ErrorCode.INTERNAL, message) for j in ids])
+
+
+def create_server(loaded: LoadedModel, address: str, *, model_arg: str | None = None,
+                  health_servicer: health.HealthServicer | None = None, max_workers: int = 8
+                  ) -> tuple[grpc.Server, int]:
+    """A started gRPC server for ``loaded`` on ``address`` (port 0 picks a free port).
+
+    Serves fastserve.v1.Worker and the standard health service, SERVING for "" and the
+    Worker service. Pass ``health_servicer`` to flip it to NOT_SERVING on shutdown
+    (``enter_graceful_shutdown()``). Returns the server and the bound port.
+    """
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers,
+                                                    thread_name_prefix="worker-rpc"))
+    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(loaded, model_arg), server)
+    health_servicer = health_servicer or health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"could not bind {address}")
+    server.start()
+    for name in ("", SERVICE_NAME):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return server, port
