@@ -21,25 +21,38 @@ SHUTDOWN_GRACE_S = 5.0
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m worker_svc", description=__doc__.splitlines()[0])
-    p.add_argument("--model", default=DEFAULT_MODEL,
-                   help=f"model name, HF directory, .gguf file or hub id (default {DEFAULT_MODEL})")
+    p.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"model name, HF directory, .gguf file or hub id (default {DEFAULT_MODEL})",
+    )
     p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda:0")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--num-blocks", type=int, default=2048, help="KV pool size in blocks")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
-    p.add_argument("--max-context", type=int, default=None,
-                   help="longest job in tokens (default: the model's max positions)")
+    p.add_argument(
+        "--max-context",
+        type=int,
+        default=None,
+        help="longest job in tokens (default: the model's max positions)",
+    )
     p.add_argument("--listen", default="127.0.0.1:50061", help="HOST:PORT; port 0 picks one")
-    p.add_argument("--profile-at-start", action="store_true",
-                   help="profile (or load the cached profile) before serving")
+    p.add_argument(
+        "--profile-at-start",
+        action="store_true",
+        help="profile (or load the cached profile) before serving",
+    )
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     log = logging.getLogger("worker_svc")
 
     stop = threading.Event()
@@ -54,21 +67,31 @@ def main(argv: list[str] | None = None) -> int:
     from worker_svc.server import create_server
 
     try:
-        cfg = EngineConfig(model=args.model, device=args.device, dtype=args.dtype,
-                           num_blocks=args.num_blocks, block_size=args.block_size,
-                           max_context=args.max_context)
-    except ValueError as e:
+        cfg = EngineConfig(
+            model=args.model,
+            device=args.device,
+            dtype=args.dtype,
+            num_blocks=args.num_blocks,
+            block_size=args.block_size,
+            max_context=args.max_context,
+        )
+        loaded = load_engine(cfg)
+    except ValueError as e:  # bad settings or an unusable model: say why, no traceback
         log.error("%s", e)
         return 2
-    loaded = load_engine(cfg)
     if stop.is_set():
         return 0
     if args.profile_at_start:
         profile = profiler.get_profile(loaded.engine, loaded.model_path)
         log.info("profile %s (%s)", profile.cache_key, "cached" if profile.cached else "measured")
     health_servicer = health.HealthServicer()
-    server, port = create_server(loaded, args.listen, model_arg=args.model,
-                                 health_servicer=health_servicer)
+    try:
+        server, port = create_server(
+            loaded, args.listen, model_arg=args.model, health_servicer=health_servicer
+        )
+    except RuntimeError as e:
+        log.error("cannot listen on %s: %s", args.listen, e)
+        return 1
     host = args.listen.rsplit(":", 1)[0]
     print(f"worker listening on {host}:{port}", flush=True)
     while not stop.wait(1.0):  # a timed wait keeps the main thread responsive to signals

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from worker_svc.kv_pool import KVPool
+from worker_svc.kv_pool import ClaimProblem, KVPool
 from worker_svc.model.llama import BatchMetadata, DecodeGroup, LlamaModel, PrefillSegment
 from worker_svc.sampler import SamplingParams, sample
 
@@ -40,6 +40,13 @@ class ErrorCode(enum.IntEnum):
     RESOURCE_EXHAUSTED = 8
     OUT_OF_RANGE = 11
     INTERNAL = 13
+
+
+_CLAIM_CODES = {
+    ClaimProblem.INVALID: ErrorCode.INVALID_ARGUMENT,
+    ClaimProblem.IN_USE: ErrorCode.FAILED_PRECONDITION,
+    ClaimProblem.EXHAUSTED: ErrorCode.RESOURCE_EXHAUSTED,
+}
 
 
 @dataclass
@@ -182,15 +189,10 @@ class Engine:
                                      list(new.block_ids), n)
 
     def _check_blocks(self, job_id: int, block_ids: list[int]) -> None:
-        why = self.pool.check_claim(job_id, block_ids)
-        if why is None:
-            return
-        code = ErrorCode.INVALID_ARGUMENT
-        if "in use" in why:
-            code = ErrorCode.FAILED_PRECONDITION
-        elif "free" in why:
-            code = ErrorCode.RESOURCE_EXHAUSTED
-        raise JobRejected(code, f"block_ids: {why}")
+        problem = self.pool.check_claim(job_id, block_ids)
+        if problem is not None:
+            kind, why = problem
+            raise JobRejected(_CLAIM_CODES[kind], f"block_ids: {why}")
 
     def _apply(self, c: JobCommand) -> _Job:
         job = self.jobs.get(c.job_id)

@@ -8,9 +8,16 @@ and a block is a contiguous ``block_size * kv_heads * head_dim`` run for gathers
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 import torch
+
+
+class ClaimProblem(enum.Enum):
+    INVALID = "invalid"  # malformed: out of range, duplicated
+    IN_USE = "in_use"  # held by another job
+    EXHAUSTED = "exhausted"  # more blocks than the pool has free
 
 
 @dataclass(frozen=True)
@@ -69,25 +76,30 @@ class KVPool:
         """Keys and values of one layer as ``[num_blocks, block_size, kv_heads, head_dim]``."""
         return self.data[layer, 0], self.data[layer, 1]
 
-    def check_claim(self, job_id: int, block_ids: list[int]) -> str | None:
+    def check_claim(self, job_id: int, block_ids: list[int]) -> tuple[ClaimProblem, str] | None:
         """Why ``job_id`` may not take ``block_ids``, or None if it may."""
+        c = self.config
+        if len(block_ids) > c.num_blocks:
+            return ClaimProblem.EXHAUSTED, (
+                f"{len(block_ids)} blocks requested; the pool has {c.num_blocks}"
+            )
+        if len(self._owner) + len(block_ids) > c.num_blocks:
+            return ClaimProblem.EXHAUSTED, (
+                f"{len(block_ids)} more blocks requested but only "
+                f"{c.num_blocks - len(self._owner)} of {c.num_blocks} are free"
+            )
         seen: set[int] = set()
         for b in block_ids:
-            if not 0 <= b < self.config.num_blocks:
-                return f"block id {b} out of range [0, {self.config.num_blocks})"
+            if not 0 <= b < c.num_blocks:
+                return ClaimProblem.INVALID, f"block id {b} out of range [0, {c.num_blocks})"
             if b in seen:
-                return f"block id {b} listed twice"
+                return ClaimProblem.INVALID, f"block id {b} listed twice"
             seen.add(b)
             owner = self._owner.get(b)
-            if owner is not None and owner != job_id:
-                return f"block id {b} is in use by job {owner}"
             if owner == job_id:
-                return f"block id {b} is already held by this job"
-        if len(self._owner) + len(block_ids) > self.config.num_blocks:
-            return (
-                f"{len(block_ids)} more blocks requested but only "
-                f"{self.config.num_blocks - len(self._owner)} of {self.config.num_blocks} are free"
-            )
+                return ClaimProblem.INVALID, f"block id {b} is already held by this job"
+            if owner is not None:
+                return ClaimProblem.IN_USE, f"block id {b} is in use by job {owner}"
         return None
 
     def claim(self, job_id: int, block_ids: list[int]) -> None:

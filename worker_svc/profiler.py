@@ -122,9 +122,12 @@ def measure(engine: Engine, key: str) -> Profile:
         leftover = [j for j in engine.jobs if j >= JOB_ID_BASE]
         if leftover:
             engine.step(StepCommand(free_job_ids=leftover))
-    log.info("profiled in %.1f s: decode %s; prefill %s", time.perf_counter() - start,
-             [(p.batch_size, round(p.time_s, 5)) for p in profile.decode],
-             [(p.num_tokens, round(p.time_s, 5)) for p in profile.prefill])
+    log.info(
+        "profiled in %.1f s: decode %s; prefill %s",
+        time.perf_counter() - start,
+        [(p.batch_size, round(p.time_s, 5)) for p in profile.decode],
+        [(p.num_tokens, round(p.time_s, 5)) for p in profile.prefill],
+    )
     return profile
 
 
@@ -155,9 +158,13 @@ def save(profile: Profile, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     # Write then rename, so a concurrent reader never sees half a file.
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def _measure_decode(engine: Engine) -> list[DecodePoint]:
@@ -176,8 +183,11 @@ def _measure_decode(engine: Engine) -> list[DecodePoint]:
     ids = [JOB_ID_BASE + i for i in range(sizes[-1])]
     rng = random.Random(0)
     new_jobs = [
-        NewJob(j, _prompt(rng, engine.vocab_size, context),
-               block_ids=list(range(i * blocks_per_job, (i + 1) * blocks_per_job)))
+        NewJob(
+            j,
+            _prompt(rng, engine.vocab_size, context),
+            block_ids=list(range(i * blocks_per_job, (i + 1) * blocks_per_job)),
+        )
         for i, j in enumerate(ids)
     ]
     _step(engine, StepCommand(new_jobs=new_jobs, commands=[JobCommand(j, context) for j in ids]))
@@ -189,8 +199,7 @@ def _measure_decode(engine: Engine) -> list[DecodePoint]:
             out = _step(engine, StepCommand(commands=[JobCommand(j, 1) for j in ids[:size]]))
             times.append(out.compute_time_s)
             contexts.extend(r.num_computed_tokens for r in out.results)
-        points.append(DecodePoint(size, round(statistics.mean(contexts)),
-                                  statistics.median(times)))
+        points.append(DecodePoint(size, round(statistics.mean(contexts)), statistics.median(times)))
     _step(engine, StepCommand(free_job_ids=ids))
     return points
 
@@ -198,23 +207,29 @@ def _measure_decode(engine: Engine) -> list[DecodePoint]:
 def _measure_prefill(engine: Engine) -> list[PrefillPoint]:
     pool = engine.pool
     num_free = pool.num_blocks - pool.num_used_blocks
-    sizes = [n for n in PREFILL_TOKENS
-             if n < engine.max_context and math.ceil(n / pool.block_size) <= num_free]
+    sizes = [
+        n
+        for n in PREFILL_TOKENS
+        if n < engine.max_context and math.ceil(n / pool.block_size) <= num_free
+    ]
     rng = random.Random(1)
     job_id = JOB_ID_BASE
 
     def run_once(n: int) -> float:
         blocks = list(range(math.ceil(n / pool.block_size)))
-        out = _step(engine, StepCommand(new_jobs=[NewJob(job_id, _prompt(rng, engine.vocab_size, n),
-                                                         block_ids=blocks)],
-                                        commands=[JobCommand(job_id, n)]))
+        out = _step(
+            engine,
+            StepCommand(
+                new_jobs=[NewJob(job_id, _prompt(rng, engine.vocab_size, n), block_ids=blocks)],
+                commands=[JobCommand(job_id, n)],
+            ),
+        )
         _step(engine, StepCommand(free_job_ids=[job_id]))
         return out.compute_time_s
 
     if sizes:
         run_once(sizes[0])  # warm-up
-    return [PrefillPoint(n, statistics.median(run_once(n) for _ in range(REPEATS)))
-            for n in sizes]
+    return [PrefillPoint(n, statistics.median(run_once(n) for _ in range(REPEATS))) for n in sizes]
 
 
 def _prompt(rng: random.Random, vocab_size: int, n: int) -> list[int]:

@@ -43,8 +43,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         # Held around every use of the engine (Step iterations, profiling).
         self._engine_lock = threading.Lock()
 
-    def Describe(self, request: pb.DescribeRequest, context: grpc.ServicerContext
-                 ) -> pb.DescribeResponse:
+    def Describe(
+        self, request: pb.DescribeRequest, context: grpc.ServicerContext
+    ) -> pb.DescribeResponse:
         spec, pool = self.loaded.spec, self.engine.pool
         return pb.DescribeResponse(
             model=self.model_arg,
@@ -65,8 +66,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             worker_version=fastserve.__version__,
         )
 
-    def Profile(self, request: pb.ProfileRequest, context: grpc.ServicerContext
-                ) -> pb.ProfileResponse:
+    def Profile(
+        self, request: pb.ProfileRequest, context: grpc.ServicerContext
+    ) -> pb.ProfileResponse:
         with self._engine_lock:
             # Under the lock, so a caller that waited for someone else's measurement gets it.
             if not request.force:
@@ -75,9 +77,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 if cached is not None:
                     return wire.profile_to_proto(cached)
             if self.engine.jobs:
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                              f"profiling needs an idle worker; {len(self.engine.jobs)} jobs are "
-                              "active (free them, or profile before attaching a scheduler)")
+                context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"profiling needs an idle worker; {len(self.engine.jobs)} jobs are "
+                    "active (free them, or profile before attaching a scheduler)",
+                )
             try:
                 profile = profiler.get_profile(self.engine, self.loaded.model_path, force=True)
             except Exception as e:  # noqa: BLE001 - report it and keep serving
@@ -85,9 +89,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 context.abort(grpc.StatusCode.INTERNAL, f"profiling failed: {e}")
         return wire.profile_to_proto(profile)
 
-    def Step(self, request_iterator: Iterator[pb.StepRequest], context: grpc.ServicerContext
-             ) -> Iterator[pb.StepResponse]:
+    def Step(
+        self, request_iterator: Iterator[pb.StepRequest], context: grpc.ServicerContext
+    ) -> Iterator[pb.StepResponse]:
         if not self._attached.acquire(timeout=ATTACH_WAIT_S):
+            log.warning("refused a second scheduler from %s", context.peer())
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, "another scheduler is attached")
         peer = context.peer()
         log.info("scheduler attached: %s", peer)
@@ -122,35 +128,45 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             if live:
                 before = self.engine.pool.num_used_blocks
                 self.engine.step(StepCommand(free_job_ids=live))
-                log.info("scheduler detached: %s; freed %d jobs (%d blocks)", peer, len(live),
-                         before - self.engine.pool.num_used_blocks)
+                log.info(
+                    "scheduler detached: %s; freed %d jobs (%d blocks)",
+                    peer,
+                    len(live),
+                    before - self.engine.pool.num_used_blocks,
+                )
             else:
                 log.info("scheduler detached: %s; no jobs to free", peer)
 
 
 def _fail_all(request: pb.StepRequest, message: str) -> StepOutcome:
-    ids = dict.fromkeys([*(j.job_id for j in request.new_jobs),
-                         *(c.job_id for c in request.commands)])
+    ids = dict.fromkeys(
+        [*(j.job_id for j in request.new_jobs), *(c.job_id for c in request.commands)]
+    )
     return StepOutcome(errors=[JobError(j, ErrorCode.INTERNAL, message) for j in ids])
 
 
-def create_server(loaded: LoadedModel, address: str, *, model_arg: str | None = None,
-                  health_servicer: health.HealthServicer | None = None, max_workers: int = 8
-                  ) -> tuple[grpc.Server, int]:
+def create_server(
+    loaded: LoadedModel,
+    address: str,
+    *,
+    model_arg: str | None = None,
+    health_servicer: health.HealthServicer | None = None,
+    max_workers: int = 8,
+) -> tuple[grpc.Server, int]:
     """A started gRPC server for ``loaded`` on ``address`` (port 0 picks a free port).
 
     Serves fastserve.v1.Worker and the standard health service, SERVING for "" and the
     Worker service. Pass ``health_servicer`` to flip it to NOT_SERVING on shutdown
-    (``enter_graceful_shutdown()``). Returns the server and the bound port.
+    (``enter_graceful_shutdown()``). Returns the server and the bound port; raises
+    RuntimeError when ``address`` cannot be bound.
     """
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers,
-                                                    thread_name_prefix="worker-rpc"))
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="worker-rpc")
+    )
     worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(loaded, model_arg), server)
     health_servicer = health_servicer or health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = server.add_insecure_port(address)
-    if port == 0:
-        raise OSError(f"could not bind {address}")
+    port = server.add_insecure_port(address)  # raises RuntimeError if it cannot bind
     server.start()
     for name in ("", SERVICE_NAME):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -32,13 +32,18 @@ def sampling_from_proto(msg: pb.SamplingParams) -> SamplingParams:
 
 
 def sampling_to_proto(params: SamplingParams) -> pb.SamplingParams:
-    return pb.SamplingParams(temperature=params.temperature, top_p=params.top_p,
-                             top_k=params.top_k, seed=params.seed)
+    return pb.SamplingParams(
+        temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, seed=params.seed
+    )
 
 
 def new_job_from_proto(msg: pb.NewJob) -> NewJob:
-    return NewJob(msg.job_id, list(msg.prompt_token_ids), sampling_from_proto(msg.sampling),
-                  list(msg.block_ids))
+    return NewJob(
+        msg.job_id,
+        list(msg.prompt_token_ids),
+        sampling_from_proto(msg.sampling),
+        list(msg.block_ids),
+    )
 
 
 def step_command_from_proto(msg: pb.StepRequest) -> tuple[StepCommand, list[JobError]]:
@@ -53,8 +58,13 @@ def step_command_from_proto(msg: pb.StepRequest) -> tuple[StepCommand, list[JobE
         try:
             cmd.new_jobs.append(new_job_from_proto(new))
         except Exception as e:  # noqa: BLE001 - one bad job must not fail the Step
-            errors.append(JobError(new.job_id, ErrorCode.INVALID_ARGUMENT,
-                                   f"new_jobs[{i}]: {type(e).__name__}: {e}"))
+            errors.append(
+                JobError(
+                    new.job_id,
+                    ErrorCode.INVALID_ARGUMENT,
+                    f"new_jobs[{i}]: {type(e).__name__}: {e}",
+                )
+            )
     for c in msg.commands:
         cmd.commands.append(JobCommand(c.job_id, c.num_tokens, list(c.append_block_ids)))
     return cmd, errors
@@ -64,30 +74,41 @@ def step_command_to_proto(cmd: StepCommand, step_id: int = 0) -> pb.StepRequest:
     return pb.StepRequest(
         step_id=step_id,
         new_jobs=[
-            pb.NewJob(job_id=j.job_id, prompt_token_ids=j.prompt_token_ids,
-                      sampling=sampling_to_proto(j.sampling), block_ids=j.block_ids)
+            pb.NewJob(
+                job_id=j.job_id,
+                prompt_token_ids=j.prompt_token_ids,
+                sampling=sampling_to_proto(j.sampling),
+                block_ids=j.block_ids,
+            )
             for j in cmd.new_jobs
         ],
         commands=[
-            pb.JobCommand(job_id=c.job_id, num_tokens=c.num_tokens,
-                          append_block_ids=c.append_block_ids)
+            pb.JobCommand(
+                job_id=c.job_id, num_tokens=c.num_tokens, append_block_ids=c.append_block_ids
+            )
             for c in cmd.commands
         ],
         free_job_ids=cmd.free_job_ids,
     )
 
 
-def step_outcome_to_proto(out: StepOutcome, step_id: int, num_used_blocks: int,
-                          num_free_blocks: int) -> pb.StepResponse:
+def step_outcome_to_proto(
+    out: StepOutcome, step_id: int, num_used_blocks: int, num_free_blocks: int
+) -> pb.StepResponse:
     return pb.StepResponse(
         step_id=step_id,
         results=[
-            pb.JobResult(job_id=r.job_id, num_computed_tokens=r.num_computed_tokens,
-                         token_id=r.token_id, logprob=r.logprob)
+            pb.JobResult(
+                job_id=r.job_id,
+                num_computed_tokens=r.num_computed_tokens,
+                token_id=r.token_id,
+                logprob=r.logprob,
+            )
             for r in out.results
         ],
-        errors=[pb.JobError(job_id=e.job_id, code=int(e.code), message=e.message)
-                for e in out.errors],
+        errors=[
+            pb.JobError(job_id=e.job_id, code=int(e.code), message=e.message) for e in out.errors
+        ],
         compute_time_s=out.compute_time_s,
         num_used_blocks=num_used_blocks,
         num_free_blocks=num_free_blocks,
@@ -97,9 +118,12 @@ def step_outcome_to_proto(out: StepOutcome, step_id: int, num_used_blocks: int,
 def step_outcome_from_proto(msg: pb.StepResponse) -> StepOutcome:
     return StepOutcome(
         results=[
-            JobResult(r.job_id, r.num_computed_tokens,
-                      r.token_id if r.HasField("token_id") else None,
-                      r.logprob if r.HasField("logprob") else None)
+            JobResult(
+                r.job_id,
+                r.num_computed_tokens,
+                r.token_id if r.HasField("token_id") else None,
+                r.logprob if r.HasField("logprob") else None,
+            )
             for r in msg.results
         ],
         errors=[JobError(e.job_id, ErrorCode(e.code), e.message) for e in msg.errors],
@@ -109,10 +133,13 @@ def step_outcome_from_proto(msg: pb.StepResponse) -> StepOutcome:
 
 def profile_to_proto(profile: Profile) -> pb.ProfileResponse:
     return pb.ProfileResponse(
-        decode=[pb.DecodePoint(batch_size=p.batch_size, context_len=p.context_len,
-                               time_s=p.time_s) for p in profile.decode],
-        prefill=[pb.PrefillPoint(num_tokens=p.num_tokens, time_s=p.time_s)
-                 for p in profile.prefill],
+        decode=[
+            pb.DecodePoint(batch_size=p.batch_size, context_len=p.context_len, time_s=p.time_s)
+            for p in profile.decode
+        ],
+        prefill=[
+            pb.PrefillPoint(num_tokens=p.num_tokens, time_s=p.time_s) for p in profile.prefill
+        ],
         cache_key=profile.cache_key,
         cached=profile.cached,
         measured_at_unix_s=profile.measured_at_unix_s,

@@ -5,25 +5,10 @@ from __future__ import annotations
 import pathlib
 
 import pytest
-import torch
 
 from worker_svc import profiler
 from worker_svc.engine import NewJob, StepCommand
 from worker_svc.loader import EngineConfig, LoadedModel, load_engine
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> pathlib.Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                      tie_word_embeddings=False, eos_token_id=None, bos_token_id=None,
-                      pad_token_id=None)
-    path = tmp_path_factory.mktemp("tiny-llama")
-    LlamaForCausalLM(cfg).save_pretrained(path)
-    return path
 
 
 def make_loaded(model_dir: pathlib.Path, **overrides) -> LoadedModel:
@@ -37,8 +22,8 @@ def cache(tmp_path, monkeypatch) -> pathlib.Path:
     return tmp_path
 
 
-def test_points_are_capped_by_blocks_and_context_and_leave_nothing_behind(model_dir):
-    engine = make_loaded(model_dir, num_blocks=40, max_context=200).engine
+def test_points_are_capped_by_blocks_and_context_and_leave_nothing_behind(tiny_llama_dir):
+    engine = make_loaded(tiny_llama_dir, num_blocks=40, max_context=200).engine
     p = profiler.measure(engine, "k")
     # Context 128 + 19 iterations = 10 blocks a job: 40 blocks hold 4 jobs.
     assert [d.batch_size for d in p.decode] == [1, 2, 4]
@@ -47,22 +32,22 @@ def test_points_are_capped_by_blocks_and_context_and_leave_nothing_behind(model_
     assert engine.jobs == {} and engine.pool.num_used_blocks == 0
 
 
-def test_decode_is_skipped_when_one_job_does_not_fit(model_dir):
-    engine = make_loaded(model_dir, num_blocks=4).engine
+def test_decode_is_skipped_when_one_job_does_not_fit(tiny_llama_dir):
+    engine = make_loaded(tiny_llama_dir, num_blocks=4).engine
     p = profiler.measure(engine, "k")
     assert p.decode == [] and [x.num_tokens for x in p.prefill] == [16, 32, 64]
 
 
-def test_measuring_needs_an_idle_engine(model_dir):
-    engine = make_loaded(model_dir).engine
+def test_measuring_needs_an_idle_engine(tiny_llama_dir):
+    engine = make_loaded(tiny_llama_dir).engine
     engine.step(StepCommand(new_jobs=[NewJob(7, [1, 2], block_ids=[0])]))
     with pytest.raises(RuntimeError, match="1 jobs are live"):
         profiler.measure(engine, "k")
     assert list(engine.jobs) == [7]
 
 
-def test_profile_is_cached_per_settings(model_dir, cache):
-    loaded = make_loaded(model_dir)
+def test_profile_is_cached_per_settings(tiny_llama_dir, cache):
+    loaded = make_loaded(tiny_llama_dir)
     first = profiler.get_profile(loaded.engine, loaded.model_path)
     assert not first.cached
     path = cache / "profiles" / f"{first.cache_key}.json"
@@ -73,7 +58,7 @@ def test_profile_is_cached_per_settings(model_dir, cache):
     forced = profiler.get_profile(loaded.engine, loaded.model_path, force=True)
     assert not forced.cached and forced.measured_at_unix_s > first.measured_at_unix_s
 
-    other = make_loaded(model_dir, num_blocks=65)
+    other = make_loaded(tiny_llama_dir, num_blocks=65)
     assert profiler.cache_key(other.engine, other.model_path) != first.cache_key
 
 

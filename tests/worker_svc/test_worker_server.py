@@ -1,7 +1,11 @@
-"""The worker as a real process behind a real gRPC channel, on a tiny random Llama."""
+"""The worker as a real process behind a real gRPC channel, on a tiny random Llama.
+
+``tiny_llama_dir`` (conftest.py) is a 2-layer model with a 256-token vocabulary and 1024 positions.
+"""
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import pathlib
@@ -25,36 +29,30 @@ from fastserve.proto import worker_pb2_grpc
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NUM_BLOCKS = 64
 BLOCK_SIZE = 16
-MAX_POSITIONS = 1024
 STARTUP_TIMEOUT_S = 90
-
-
-def make_tiny_model(path: pathlib.Path) -> pathlib.Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=MAX_POSITIONS, tie_word_embeddings=False,
-                      eos_token_id=None, bos_token_id=None, pad_token_id=None)
-    LlamaForCausalLM(cfg).save_pretrained(path)
-    return path
 
 
 class Worker:
     """A ``python -m worker_svc`` process on port 0; stderr goes to ``log_path``."""
 
-    def __init__(self, model: pathlib.Path, cache: pathlib.Path, log_path: pathlib.Path,
-                 *extra: str):
+    def __init__(
+        self, model: pathlib.Path, cache: pathlib.Path, log_path: pathlib.Path, *extra: str
+    ):
         self.log_path = log_path
         # Tiny models are latency-bound; torch's intra-op threads only contend on a shared box.
         env = {**os.environ, "FASTSERVE_CACHE_DIR": str(cache), "OMP_NUM_THREADS": "1"}
+        options = {
+            "--model": str(model),
+            "--device": "cpu",
+            "--dtype": "float32",
+            "--num-blocks": str(NUM_BLOCKS),
+            "--block-size": str(BLOCK_SIZE),
+            "--listen": "127.0.0.1:0",
+        }
+        argv = [sys.executable, "-m", "worker_svc", *itertools.chain(*options.items()), *extra]
         with open(log_path, "w") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "worker_svc", "--model", str(model), "--device", "cpu",
-                 "--dtype", "float32", "--num-blocks", str(NUM_BLOCKS), "--block-size",
-                 str(BLOCK_SIZE), "--listen", "127.0.0.1:0", *extra],
-                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True,
+                argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True
             )
         line = self._read_line(STARTUP_TIMEOUT_S)
         assert line.startswith("worker listening on 127.0.0.1:"), (line, self.log())
@@ -109,18 +107,13 @@ class StepStream:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> pathlib.Path:
-    return make_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
-
-
-@pytest.fixture(scope="module")
 def cache(tmp_path_factory) -> pathlib.Path:
     return tmp_path_factory.mktemp("fastserve-cache")
 
 
 @pytest.fixture(scope="module")
-def worker(model_dir, cache, tmp_path_factory) -> Iterator[Worker]:
-    w = Worker(model_dir, cache, tmp_path_factory.mktemp("logs") / "worker.log")
+def worker(tiny_llama_dir, cache, tmp_path_factory) -> Iterator[Worker]:
+    w = Worker(tiny_llama_dir, cache, tmp_path_factory.mktemp("logs") / "worker.log")
     yield w
     assert w.terminate() == 0, w.log()
 
@@ -136,16 +129,24 @@ def new_job(job_id: int, prompt: list[int], block_ids: list[int]) -> pb.NewJob:
     return pb.NewJob(job_id=job_id, prompt_token_ids=prompt, block_ids=block_ids)
 
 
-def test_describe(worker, model_dir):
+def test_describe(worker, tiny_llama_dir):
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(tiny_llama_dir)
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
     d = worker.stub.Describe(pb.DescribeRequest(), timeout=10)
-    assert (d.model, d.model_path) == (str(model_dir), str(model_dir))
+    assert (d.model, d.model_path) == (str(tiny_llama_dir), str(tiny_llama_dir))
     assert (d.dtype, d.device) == ("float32", "cpu")
     assert (d.block_size, d.num_blocks) == (BLOCK_SIZE, NUM_BLOCKS)
-    assert (d.num_layers, d.first_layer, d.end_layer) == (2, 0, 2)
-    assert (d.num_kv_heads, d.head_dim, d.vocab_size) == (2, 16, 256)
-    # 2 layers x (k, v) x 16 tokens x 2 heads x 16 dims x 4 bytes
-    assert d.kv_bytes_per_block == 2 * 2 * BLOCK_SIZE * 2 * 16 * 4
-    assert d.max_context == MAX_POSITIONS
+    n = cfg.num_hidden_layers
+    assert (d.num_layers, d.first_layer, d.end_layer) == (n, 0, n)
+    assert (d.num_kv_heads, d.head_dim) == (cfg.num_key_value_heads, head_dim)
+    assert d.vocab_size == cfg.vocab_size
+    float32_bytes = 4
+    assert d.kv_bytes_per_block == (
+        n * 2 * BLOCK_SIZE * cfg.num_key_value_heads * head_dim * float32_bytes
+    )
+    assert d.max_context == cfg.max_position_embeddings
     assert list(d.eos_token_ids) == []
     assert d.worker_version == fastserve.__version__
 
@@ -157,18 +158,19 @@ def test_health_serving(worker):
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def test_greedy_tokens_match_transformers_generate(worker, model_dir, stream):
+def test_greedy_tokens_match_transformers_generate(worker, tiny_llama_dir, stream):
     from transformers import LlamaForCausalLM
 
     num_new = 12
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (3, 17, 40)]
-    hf = LlamaForCausalLM.from_pretrained(model_dir).eval()
+    hf = LlamaForCausalLM.from_pretrained(tiny_llama_dir).eval()
     expected = []
     for p in prompts:
-        out = hf.generate(torch.tensor([p]), max_new_tokens=num_new, min_new_tokens=num_new,
-                          do_sample=False)
-        expected.append(out[0, len(p):].tolist())
+        out = hf.generate(
+            torch.tensor([p]), max_new_tokens=num_new, min_new_tokens=num_new, do_sample=False
+        )
+        expected.append(out[0, len(p) :].tolist())
 
     jobs, next_block = [], 0
     for i, p in enumerate(prompts):
@@ -176,9 +178,10 @@ def test_greedy_tokens_match_transformers_generate(worker, model_dir, stream):
         jobs.append(new_job(i, p, list(range(next_block, next_block + n))))
         next_block += n
     got: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
-    r = stream.step(new_jobs=jobs,
-                    commands=[pb.JobCommand(job_id=i, num_tokens=len(p))
-                              for i, p in enumerate(prompts)])
+    r = stream.step(
+        new_jobs=jobs,
+        commands=[pb.JobCommand(job_id=i, num_tokens=len(p)) for i, p in enumerate(prompts)],
+    )
     for _ in range(num_new):
         assert not r.errors, r.errors
         assert r.compute_time_s > 0
@@ -189,8 +192,7 @@ def test_greedy_tokens_match_transformers_generate(worker, model_dir, stream):
         if len(got[0]) == num_new:
             break
         r = stream.step(commands=[pb.JobCommand(job_id=i, num_tokens=1) for i in got])
-    assert [res.num_computed_tokens for res in r.results] == [
-        len(p) + num_new - 1 for p in prompts]
+    assert [res.num_computed_tokens for res in r.results] == [len(p) + num_new - 1 for p in prompts]
     assert [got[i] for i in range(len(prompts))] == expected
 
     r = stream.step(free_job_ids=list(got))
@@ -198,8 +200,9 @@ def test_greedy_tokens_match_transformers_generate(worker, model_dir, stream):
 
 
 def test_bad_entries_fail_alone_and_worker_keeps_serving(stream):
-    r = stream.step(new_jobs=[new_job(1, [5, 6, 7], [0, 1])],
-                    commands=[pb.JobCommand(job_id=1, num_tokens=3)])
+    r = stream.step(
+        new_jobs=[new_job(1, [5, 6, 7], [0, 1])], commands=[pb.JobCommand(job_id=1, num_tokens=3)]
+    )
     assert not r.errors and r.results[0].HasField("token_id")
 
     r = stream.step(
@@ -208,28 +211,35 @@ def test_bad_entries_fail_alone_and_worker_keeps_serving(stream):
             new_job(4, [1, 2], [1]),  # block held by job 1
             new_job(5, [1, 2], list(range(2, NUM_BLOCKS + 1))),  # more blocks than the pool
             new_job(6, list(range(40)), [2]),  # 40 tokens do not fit one block
+            new_job(7, [1, 2], list(range(NUM_BLOCKS + 1))),  # more blocks than the pool has
         ],
-        commands=[pb.JobCommand(job_id=1, num_tokens=1), pb.JobCommand(job_id=2, num_tokens=1),
-                  pb.JobCommand(job_id=6, num_tokens=40)],
+        commands=[
+            pb.JobCommand(job_id=1, num_tokens=1),
+            pb.JobCommand(job_id=2, num_tokens=1),
+            pb.JobCommand(job_id=6, num_tokens=40),
+        ],
     )
     assert [res.job_id for res in r.results] == [1] and r.results[0].HasField("token_id")
     assert r.results[0].num_computed_tokens == 4
     errors = {e.job_id: e for e in r.errors}
-    assert sorted(errors) == [2, 3, 4, 5, 6]
+    assert sorted(errors) == [2, 3, 4, 5, 6, 7]
     assert errors[2].code == pb.ERROR_CODE_NOT_FOUND and "unknown job 2" in errors[2].message
     assert errors[3].code == pb.ERROR_CODE_INVALID_ARGUMENT
     assert f"block id {NUM_BLOCKS + 7} out of range" in errors[3].message
     assert errors[4].code == pb.ERROR_CODE_FAILED_PRECONDITION
     assert "block id 1 is in use by job 1" in errors[4].message
-    assert errors[5].code == pb.ERROR_CODE_INVALID_ARGUMENT
-    assert f"block id {NUM_BLOCKS} out of range [0, {NUM_BLOCKS})" in errors[5].message
+    assert errors[5].code == pb.ERROR_CODE_RESOURCE_EXHAUSTED
+    assert f"{NUM_BLOCKS - 1} more blocks requested but only {NUM_BLOCKS - 2} of" in errors[5].message
     assert errors[6].code == pb.ERROR_CODE_INVALID_ARGUMENT
     assert "needs 3 blocks for 40 tokens, holds 1" in errors[6].message
+    assert errors[7].code == pb.ERROR_CODE_RESOURCE_EXHAUSTED
+    assert f"{NUM_BLOCKS + 1} blocks requested; the pool has {NUM_BLOCKS}" in errors[7].message
     assert r.num_used_blocks == 3  # job 1's two blocks and job 6's one; nothing else claimed
 
-    r = stream.step(commands=[pb.JobCommand(job_id=1, num_tokens=1),
-                              pb.JobCommand(job_id=6, num_tokens=16)],
-                    free_job_ids=[3])
+    r = stream.step(
+        commands=[pb.JobCommand(job_id=1, num_tokens=1), pb.JobCommand(job_id=6, num_tokens=16)],
+        free_job_ids=[3],
+    )
     assert [(e.job_id, e.code) for e in r.errors] == [(3, pb.ERROR_CODE_NOT_FOUND)]
     assert [(res.job_id, res.num_computed_tokens) for res in r.results] == [(1, 5), (6, 16)]
     assert r.results[0].HasField("token_id") and not r.results[1].HasField("token_id")
@@ -239,8 +249,10 @@ def test_bad_entries_fail_alone_and_worker_keeps_serving(stream):
 
 def test_one_scheduler_at_a_time_and_disconnect_frees_jobs(worker):
     first = StepStream(worker.stub)
-    r = first.step(new_jobs=[new_job(1, [1, 2, 3], [0, 1, 2, 3])],
-                   commands=[pb.JobCommand(job_id=1, num_tokens=3)])
+    r = first.step(
+        new_jobs=[new_job(1, [1, 2, 3], [0, 1, 2, 3])],
+        commands=[pb.JobCommand(job_id=1, num_tokens=3)],
+    )
     assert not r.errors and r.num_used_blocks == 4
 
     second = StepStream(worker.stub)
@@ -251,8 +263,10 @@ def test_one_scheduler_at_a_time_and_disconnect_frees_jobs(worker):
 
     first.cancel()
     third = StepStream(worker.stub)
-    r = third.step(new_jobs=[new_job(1, [1, 2, 3], [0, 1, 2, 3])],
-                   commands=[pb.JobCommand(job_id=1, num_tokens=3)])
+    r = third.step(
+        new_jobs=[new_job(1, [1, 2, 3], [0, 1, 2, 3])],
+        commands=[pb.JobCommand(job_id=1, num_tokens=3)],
+    )
     assert not r.errors and r.num_used_blocks == 4
     third.close()
 
@@ -261,7 +275,7 @@ def test_one_scheduler_at_a_time_and_disconnect_frees_jobs(worker):
     fourth.close()
 
 
-def test_profile_is_measured_once_then_cached(worker, model_dir, cache, tmp_path):
+def test_profile_is_measured_once_then_cached(worker, tiny_llama_dir, cache, tmp_path):
     first = worker.stub.Profile(pb.ProfileRequest(), timeout=120)
     assert not first.cached and first.cache_key
     # Context 128 plus the measured iterations needs 10 blocks per job: 64 blocks fit 6 jobs.
@@ -282,7 +296,7 @@ def test_profile_is_measured_once_then_cached(worker, model_dir, cache, tmp_path
     assert busy.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     stream.close()
 
-    other = Worker(model_dir, cache, tmp_path / "second.log", "--profile-at-start")
+    other = Worker(tiny_llama_dir, cache, tmp_path / "second.log", "--profile-at-start")
     try:
         cached = other.stub.Profile(pb.ProfileRequest(), timeout=10)
     finally:

@@ -44,10 +44,10 @@ step_commands = st.builds(
 )
 step_outcomes = st.builds(
     StepOutcome,
-    results=st.lists(st.builds(JobResult, uint64, uint32, st.none() | int32, st.none() | float32),
-                     max_size=3),
-    errors=st.lists(st.builds(JobError, uint64, st.sampled_from(ErrorCode), st.text()),
-                    max_size=3),
+    results=st.lists(
+        st.builds(JobResult, uint64, uint32, st.none() | int32, st.none() | float32), max_size=3
+    ),
+    errors=st.lists(st.builds(JobError, uint64, st.sampled_from(ErrorCode), st.text()), max_size=3),
     compute_time_s=st.floats(allow_nan=False),
 )
 
@@ -90,9 +90,13 @@ def test_job_that_fails_to_translate_is_a_per_job_error(monkeypatch):
         return real(msg)
 
     monkeypatch.setattr(wire, "new_job_from_proto", flaky)
-    request = pb.StepRequest(new_jobs=[pb.NewJob(job_id=1, prompt_token_ids=[1]),
-                                       pb.NewJob(job_id=2, prompt_token_ids=[2])],
-                             commands=[pb.JobCommand(job_id=1, num_tokens=1)])
+    request = pb.StepRequest(
+        new_jobs=[
+            pb.NewJob(job_id=1, prompt_token_ids=[1]),
+            pb.NewJob(job_id=2, prompt_token_ids=[2]),
+        ],
+        commands=[pb.JobCommand(job_id=1, num_tokens=1)],
+    )
     cmd, errors = wire.step_command_from_proto(request)
     assert [j.job_id for j in cmd.new_jobs] == [1] and len(cmd.commands) == 1
     assert [(e.job_id, e.code) for e in errors] == [(2, ErrorCode.INVALID_ARGUMENT)]
@@ -100,8 +104,13 @@ def test_job_that_fails_to_translate_is_a_per_job_error(monkeypatch):
 
 
 def test_profile_round_trip():
-    profile = Profile("abc", [DecodePoint(1, 129, 0.5), DecodePoint(2, 130, 0.75)],
-                      [PrefillPoint(16, 0.25)], measured_at_unix_s=1.5e9, cached=True)
+    profile = Profile(
+        "abc",
+        [DecodePoint(1, 129, 0.5), DecodePoint(2, 130, 0.75)],
+        [PrefillPoint(16, 0.25)],
+        measured_at_unix_s=1.5e9,
+        cached=True,
+    )
     msg = pb.ProfileResponse.FromString(wire.profile_to_proto(profile).SerializeToString())
     assert wire.profile_from_proto(msg) == profile
 
@@ -127,14 +136,16 @@ def test_build_rewrites_cross_proto_imports(tmp_path: pathlib.Path):
     protos = tmp_path / "protos" / "fastserve" / "v1"
     protos.mkdir(parents=True)
     (protos / "a.proto").write_text('syntax = "proto3"; package fastserve.v1; message A {}')
-    (protos / "b.proto").write_text(textwrap.dedent("""\
+    (protos / "b.proto").write_text(
+        textwrap.dedent("""\
         syntax = "proto3";
         package fastserve.v1;
         import "fastserve/v1/a.proto";
         import "google/protobuf/empty.proto";
         message B { A a = 1; }
         service S { rpc Get(google.protobuf.Empty) returns (B); }
-    """))
+    """)
+    )
     out = tmp_path / "pkg" / "fastserve"
     out.parent.mkdir()
     (out / "v1").mkdir(parents=True)
@@ -143,8 +154,16 @@ def test_build_rewrites_cross_proto_imports(tmp_path: pathlib.Path):
     written = build.build(tmp_path / "protos", out)
 
     names = sorted(p.relative_to(out).as_posix() for p in written)
-    assert names == ["__init__.py", "v1/__init__.py", "v1/a_pb2.py", "v1/a_pb2.pyi",
-                     "v1/a_pb2_grpc.py", "v1/b_pb2.py", "v1/b_pb2.pyi", "v1/b_pb2_grpc.py"]
+    assert names == [
+        "__init__.py",
+        "v1/__init__.py",
+        "v1/a_pb2.py",
+        "v1/a_pb2.pyi",
+        "v1/a_pb2_grpc.py",
+        "v1/b_pb2.py",
+        "v1/b_pb2.pyi",
+        "v1/b_pb2_grpc.py",
+    ]
     for name in ("b_pb2.py", "b_pb2_grpc.py"):
         text = (out / "v1" / name).read_text()
         assert "from fastserve.proto.fastserve.v1 import " in text
@@ -159,4 +178,5 @@ def test_generated_modules_are_up_to_date(tmp_path: pathlib.Path):
     for path in sorted(fresh.rglob("*.py*")):
         current = build.OUT / path.relative_to(fresh)
         assert current.is_file() and current.read_text() == path.read_text(), (
-            f"{current} is stale: run `make proto`")
+            f"{current} is stale: run `make proto`"
+        )
