@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from worker_svc.kv_pool import KVPool
+from worker_svc.model.linear import Linear
 from worker_svc.model.config import ModelSpec
 
 
@@ -56,7 +57,7 @@ class LlamaModel:
         self.spec = spec
         s = spec
         self.embed = weights["model.embed_tokens.weight"]
-        self.lm_head = self.embed if s.tie_word_embeddings else weights["lm_head.weight"]
+        self.lm_head = Linear(self.embed if s.tie_word_embeddings else weights["lm_head.weight"])
         self.final_norm = weights["model.norm.weight"]
         self.cos = cos.to(self.embed.dtype)
         self.sin = sin.to(self.embed.dtype)
@@ -74,13 +75,12 @@ class LlamaModel:
             self.layers.append(
                 {
                     "in_norm": weights[p + "input_layernorm.weight"],
-                    "qkv": qkv,
-                    "qkv_bias": qkv_bias,
-                    "o": weights[p + "self_attn.o_proj.weight"],
-                    "o_bias": weights.get(p + "self_attn.o_proj.bias"),
+                    "qkv": Linear(qkv, qkv_bias),
+                    "o": Linear(weights[p + "self_attn.o_proj.weight"],
+                                weights.get(p + "self_attn.o_proj.bias")),
                     "post_norm": weights[p + "post_attention_layernorm.weight"],
-                    "gate_up": gate_up,
-                    "down": weights[p + "mlp.down_proj.weight"],
+                    "gate_up": Linear(gate_up),
+                    "down": Linear(weights[p + "mlp.down_proj.weight"]),
                 }
             )
 
@@ -109,7 +109,7 @@ class LlamaModel:
         kv_size = s.num_kv_heads * s.head_dim
         for i, layer in enumerate(self.layers):
             h = self._rms_norm(x, layer["in_norm"])
-            qkv = F.linear(h, layer["qkv"], layer["qkv_bias"])
+            qkv = layer["qkv"](h)
             q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
             q = self._rope(q.view(num_tokens, s.num_heads, s.head_dim), cos, sin)
             k = self._rope(k.view(num_tokens, s.num_kv_heads, s.head_dim), cos, sin)
@@ -118,14 +118,14 @@ class LlamaModel:
             k_slots.index_copy_(0, meta.slot_mapping, k)
             v_slots.index_copy_(0, meta.slot_mapping, v)
             attn = self._attention(i, q, k, v, meta, pool)  # [T, heads * head_dim]
-            x = x + F.linear(attn, layer["o"], layer["o_bias"])
+            x = x + layer["o"](attn)
             h = self._rms_norm(x, layer["post_norm"])
-            gate, up = F.linear(h, layer["gate_up"]).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer["down"])
+            gate, up = layer["gate_up"](h).chunk(2, dim=-1)
+            x = x + layer["down"](F.silu(gate) * up)
         if meta.logits_index is None or meta.logits_index.numel() == 0:
             return torch.empty((0, s.vocab_size), dtype=torch.float32, device=x.device)
         x = self._rms_norm(x[meta.logits_index], self.final_norm)
-        return F.linear(x, self.lm_head).float()
+        return self.lm_head(x).float()
 
     def _attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    meta: BatchMetadata, pool: KVPool) -> torch.Tensor:
