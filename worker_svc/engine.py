@@ -55,6 +55,8 @@ class NewJob:
     prompt_token_ids: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     block_ids: list[int] = field(default_factory=list)
+    # Already generated (its KV was lost); recomputed like the prompt, counted as output.
+    output_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -170,23 +172,26 @@ class Engine:
         if new.job_id in self.jobs:
             raise JobRejected(ErrorCode.ALREADY_EXISTS, f"job {new.job_id} already exists")
         n = len(new.prompt_token_ids)
+        total = n + len(new.output_token_ids)
         if n == 0:
             raise JobRejected(ErrorCode.INVALID_ARGUMENT, "prompt_token_ids must not be empty")
-        if n >= self.max_context:
+        if total >= self.max_context:
             raise JobRejected(ErrorCode.INVALID_ARGUMENT,
-                              f"prompt_token_ids has {n} tokens; the limit is "
-                              f"{self.max_context - 1} (max context {self.max_context})")
-        bad = next((t for t in new.prompt_token_ids if not 0 <= t < self.vocab_size), None)
-        if bad is not None:
-            raise JobRejected(ErrorCode.INVALID_ARGUMENT,
-                              f"prompt_token_ids contains {bad}, outside [0, {self.vocab_size})")
+                              f"prompt_token_ids + output_token_ids has {total} tokens; the "
+                              f"limit is {self.max_context - 1} (max context {self.max_context})")
+        for name, ids in (("prompt_token_ids", new.prompt_token_ids),
+                          ("output_token_ids", new.output_token_ids)):
+            bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+            if bad is not None:
+                raise JobRejected(ErrorCode.INVALID_ARGUMENT,
+                                  f"{name} contains {bad}, outside [0, {self.vocab_size})")
         why = new.sampling.validate(self.vocab_size)
         if why:
             raise JobRejected(ErrorCode.INVALID_ARGUMENT, f"sampling: {why}")
         self._check_blocks(new.job_id, new.block_ids)
         self.pool.claim(new.job_id, new.block_ids)
-        self.jobs[new.job_id] = _Job(new.job_id, list(new.prompt_token_ids), new.sampling,
-                                     list(new.block_ids), n)
+        tokens = list(new.prompt_token_ids) + list(new.output_token_ids)
+        self.jobs[new.job_id] = _Job(new.job_id, tokens, new.sampling, list(new.block_ids), n)
 
     def _check_blocks(self, job_id: int, block_ids: list[int]) -> None:
         problem = self.pool.check_claim(job_id, block_ids)

@@ -43,6 +43,7 @@ def new_job_from_proto(msg: pb.NewJob) -> NewJob:
         list(msg.prompt_token_ids),
         sampling_from_proto(msg.sampling),
         list(msg.block_ids),
+        list(msg.output_token_ids),
     )
 
 
@@ -79,6 +80,7 @@ def step_command_to_proto(cmd: StepCommand, step_id: int = 0) -> pb.StepRequest:
                 prompt_token_ids=j.prompt_token_ids,
                 sampling=sampling_to_proto(j.sampling),
                 block_ids=j.block_ids,
+                output_token_ids=j.output_token_ids,
             )
             for j in cmd.new_jobs
         ],

@@ -76,3 +76,23 @@ def test_logprob_is_the_model_distribution():
 def test_bad_sampling_parameters_are_named(params, field):
     why = params.validate(vocab_size=256)
     assert why is not None and why.startswith(field)
+
+
+def test_recompute_from_output_tokens_continues_the_same_draws(engine):
+    """A job whose KV was lost is re-sent with its generated tokens; what follows is unchanged."""
+    from worker_svc.engine import JobCommand, NewJob, StepCommand
+
+    full = drive(engine, [DriverJob(0, _prompt(20, 5), 16, sampling=SAMPLED)])[0]
+    prompt, done = _prompt(20, 5), full[:7]
+    n = len(prompt) + len(done)
+    out = engine.step(StepCommand(
+        new_jobs=[NewJob(9, prompt, SAMPLED, list(range(3)), output_token_ids=done)],
+        commands=[JobCommand(9, n)],
+    ))
+    assert not out.errors and out.results[0].token_id == full[7]
+    rest = [out.results[0].token_id]
+    for _ in range(16 - 8):
+        out = engine.step(StepCommand(commands=[JobCommand(9, 1)]))
+        rest.append(out.results[0].token_id)
+    engine.step(StepCommand(free_job_ids=[9]))
+    assert done + rest == full
