@@ -1,0 +1,1 @@
+"""The FastServe scheduler service: client API, scheduling core, per-worker iteration loops."""

@@ -1,0 +1,33 @@
+"""The scheduler's settings: one frozen, validated dataclass with documented defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    policy: str = "fcfs"
+    # Jobs in one iteration at most.
+    max_batch_size: int = 64
+    # Tokens computed in one iteration at most (prefill chunks plus one per decode): bounds the
+    # iteration time, so a long prompt is prefilled over several iterations.
+    max_batched_tokens: int = 512
+    # Admitted jobs that have not started yet; beyond this Generate is refused at once.
+    max_waiting: int = 1024
+    # max_tokens when the request does not say.
+    default_max_tokens: int = 256
+    # Free KV blocks kept back from new jobs, as a fraction of the pool, so running jobs can
+    # still grow by a block without preempting anyone.
+    watermark: float = 0.01
+
+    def __post_init__(self) -> None:
+        def check(name: str, ok: bool, limit: str) -> None:
+            if not ok:
+                raise ValueError(f"scheduler {name} must be {limit}, got {getattr(self, name)!r}")
+
+        check("max_batch_size", self.max_batch_size >= 1, ">= 1")
+        check("max_batched_tokens", self.max_batched_tokens >= 1, ">= 1")
+        check("max_waiting", self.max_waiting >= 0, ">= 0")
+        check("default_max_tokens", self.default_max_tokens >= 1, ">= 1")
+        check("watermark", 0.0 <= self.watermark < 1.0, "in [0, 1)")

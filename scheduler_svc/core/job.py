@@ -1,0 +1,82 @@
+"""A request's life inside the scheduler."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class JobStatus(enum.IntEnum):
+    """Ordered: every status after RUNNING is terminal."""
+
+    WAITING = 0  # admitted, never scheduled
+    RUNNING = 1  # scheduled at least once and not finished (it may be paused)
+    FINISHED_STOPPED = 2  # end-of-sequence token or stop string
+    FINISHED_LENGTH = 3  # max_tokens or the context limit
+    CANCELLED = 4
+    FAILED = 5
+
+    @property
+    def finished(self) -> bool:
+        return self >= JobStatus.FINISHED_STOPPED
+
+
+FINISH_REASONS = {
+    JobStatus.FINISHED_STOPPED: "stop",
+    JobStatus.FINISHED_LENGTH: "length",
+    JobStatus.CANCELLED: "cancelled",
+    JobStatus.FAILED: "error",
+}
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+
+@dataclass(eq=False)
+class Job:
+    """One request. Token bookkeeping is the scheduler's view of the worker's state."""
+
+    job_id: int
+    prompt: list[int]
+    max_tokens: int
+    arrival_time: float
+    sampling: Sampling = field(default_factory=Sampling)
+    request_id: str = ""
+    eos_token_ids: frozenset[int] = frozenset()
+    ignore_eos: bool = False
+    output: list[int] = field(default_factory=list)
+    status: JobStatus = JobStatus.WAITING
+    # KV state on the worker.
+    blocks: list[int] = field(default_factory=list)
+    num_computed: int = 0  # tokens whose KV the worker holds
+    on_worker: bool = False  # the worker has been sent this job (NewJob) and not told to free it
+    # Timing (scheduler clock).
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_scheduled_time: float | None = None
+    finish_time: float | None = None
+    error: str = ""
+    num_preemptions: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens known: prompt plus generated."""
+        return len(self.prompt) + len(self.output)
+
+    @property
+    def num_pending(self) -> int:
+        """Known tokens whose KV is not computed yet (the whole prompt before the first run)."""
+        return self.num_tokens - self.num_computed
+
+    @property
+    def started(self) -> bool:
+        return self.first_scheduled_time is not None
+
+    @property
+    def finish_reason(self) -> str | None:
+        return FINISH_REASONS.get(self.status)

@@ -1,0 +1,109 @@
+"""Scheduling policies: the order in which live jobs get into a batch.
+
+A policy only ranks jobs; the core turns the ranking into a batch under the batch-size, token
+and KV-block budgets. Policies register by name, so a baseline is one small class.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.job import Job
+
+POLICIES: dict[str, type[Policy]] = {}
+
+
+def register(cls: type[Policy]) -> type[Policy]:
+    POLICIES[cls.name] = cls
+    return cls
+
+
+def make_policy(config: SchedulerConfig) -> Policy:
+    try:
+        cls = POLICIES[config.policy]
+    except KeyError:
+        raise ValueError(
+            f"scheduler policy must be one of {sorted(POLICIES)}, got {config.policy!r}"
+        ) from None
+    return cls(config)
+
+
+class Policy(ABC):
+    """Ranks the live (admitted, unfinished) jobs of one worker group."""
+
+    name: ClassVar[str]
+
+    def __init__(self, config: SchedulerConfig):
+        self.config = config
+
+    @abstractmethod
+    def add(self, job: Job, now: float) -> None:
+        """A job was admitted."""
+
+    @abstractmethod
+    def remove(self, job: Job) -> None:
+        """A job finished, was cancelled or failed."""
+
+    @abstractmethod
+    def order(self, now: float) -> list[Job]:
+        """Jobs that may run now, highest priority first."""
+
+    def on_iteration(self, ran: list[Job], elapsed_s: float, now: float) -> None:
+        """An iteration that ran ``ran`` took ``elapsed_s``: charge service, demote..."""
+
+    @abstractmethod
+    def queues(self) -> list[tuple[str, int]]:
+        """Queue names and depths, for Status and metrics."""
+
+
+@register
+class FCFS(Policy):
+    """Iteration-level continuous batching in arrival order (Orca / vLLM)."""
+
+    name = "fcfs"
+
+    def __init__(self, config: SchedulerConfig):
+        super().__init__(config)
+        self._jobs: dict[int, Job] = {}  # insertion order = arrival order
+
+    def add(self, job: Job, now: float) -> None:
+        self._jobs[job.job_id] = job
+
+    def remove(self, job: Job) -> None:
+        self._jobs.pop(job.job_id, None)
+
+    def order(self, now: float) -> list[Job]:
+        return list(self._jobs.values())
+
+    def queues(self) -> list[tuple[str, int]]:
+        return [("fcfs", len(self._jobs))]
+
+
+@register
+class RunToCompletion(Policy):
+    """Static batches (FasterTransformer): a batch is fixed until all its jobs end."""
+
+    name = "rtc"
+
+    def __init__(self, config: SchedulerConfig):
+        super().__init__(config)
+        self._waiting: dict[int, Job] = {}
+        self._batch: dict[int, Job] = {}
+
+    def add(self, job: Job, now: float) -> None:
+        self._waiting[job.job_id] = job
+
+    def remove(self, job: Job) -> None:
+        self._waiting.pop(job.job_id, None)
+        self._batch.pop(job.job_id, None)
+
+    def order(self, now: float) -> list[Job]:
+        if not self._batch:
+            ids = list(self._waiting)[: self.config.max_batch_size]
+            self._batch = {i: self._waiting.pop(i) for i in ids}
+        return list(self._batch.values())
+
+    def queues(self) -> list[tuple[str, int]]:
+        return [("batch", len(self._batch)), ("waiting", len(self._waiting))]

@@ -1,0 +1,292 @@
+"""The scheduling core of one worker group: ``schedule(now) -> StepPlan``, then
+``update(plan, result, now)``, once per iteration.
+
+Block ownership, the invariant everything else leans on:
+
+| job state                     | blocks held (scheduler)       | worker knows the job |
+|-------------------------------|-------------------------------|----------------------|
+| waiting, never scheduled      | none                          | no                   |
+| scheduled                     | ceil(computed or in-flight / block_size) | yes       |
+| preempted by recompute        | none                          | no (freed)           |
+| finished / cancelled / failed | none (returned at once)       | freed in next Step   |
+
+Blocks returned while a Step is in flight are safe to reuse in the next Step because the
+worker applies ``free_job_ids`` before ``new_jobs`` and ``commands``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scheduler_svc.core.blocks import BlockAllocator, blocks_for
+from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.job import Job, JobStatus
+from scheduler_svc.core.policy import Policy, make_policy
+
+
+@dataclass
+class NewJobSpec:
+    job_id: int
+    prompt: list[int]
+    output: list[int]
+    job: Job
+    block_ids: list[int]
+
+
+@dataclass
+class Command:
+    job_id: int
+    num_tokens: int
+    append_block_ids: list[int]
+
+
+@dataclass
+class StepPlan:
+    """One iteration for the worker: wire-independent, lists of ints."""
+
+    new_jobs: list[NewJobSpec] = field(default_factory=list)
+    commands: list[Command] = field(default_factory=list)
+    free_job_ids: list[int] = field(default_factory=list)
+    batch: list[Job] = field(default_factory=list)
+    num_batched_tokens: int = 0
+
+
+@dataclass
+class TokenResult:
+    job_id: int
+    num_computed: int
+    token_id: int | None = None
+    logprob: float | None = None
+
+
+@dataclass
+class StepResult:
+    results: list[TokenResult] = field(default_factory=list)
+    errors: list[tuple[int, str]] = field(default_factory=list)  # (job_id, message)
+    compute_time_s: float = 0.0
+
+
+@dataclass
+class JobUpdate:
+    """What one iteration changed for one job, for streaming to its client."""
+
+    job: Job
+    token_ids: list[int]
+    logprobs: list[float]
+    finished: bool
+
+
+@dataclass
+class Stats:
+    policy: str
+    queues: list[tuple[str, int]]
+    num_running: int
+    num_waiting: int
+    num_blocks: int
+    num_used_blocks: int
+    num_iterations: int
+    num_preemptions: int
+    num_finished: dict[str, int]
+
+
+class SchedulerCore:
+    """Jobs, blocks and batches for one worker group. Single-threaded: the loop owns it."""
+
+    def __init__(self, config: SchedulerConfig, num_blocks: int, block_size: int,
+                 max_context: int, policy: Policy | None = None):
+        self.config = config
+        self.max_context = max_context
+        self.allocator = BlockAllocator(num_blocks, block_size)
+        self.policy = policy or make_policy(config)
+        self.jobs: dict[int, Job] = {}
+        self._pending_frees: list[int] = []
+        self._watermark_blocks = int(config.watermark * num_blocks)
+        self.num_iterations = 0
+        self.num_preemptions = 0
+        self.num_finished: dict[str, int] = {}
+
+    # ---- admission and termination -------------------------------------------------------
+    @property
+    def num_waiting(self) -> int:
+        return sum(1 for j in self.jobs.values() if not j.started)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.jobs) - self.num_waiting
+
+    def can_admit(self) -> bool:
+        return self.num_waiting < self.config.max_waiting
+
+    def add(self, job: Job, now: float) -> None:
+        assert job.job_id not in self.jobs, f"duplicate job id {job.job_id}"
+        assert job.num_tokens < self.max_context
+        self.jobs[job.job_id] = job
+        self.policy.add(job, now)
+
+    def finish(self, job: Job, status: JobStatus, now: float, error: str = "") -> None:
+        """End a live job: release its blocks now and free it on the worker next Step."""
+        assert status.finished
+        if job.status.finished:
+            return
+        job.status = status
+        job.finish_time = now
+        job.error = error
+        self.allocator.free(job.blocks)
+        job.blocks = []
+        if job.on_worker:
+            self._pending_frees.append(job.job_id)
+            job.on_worker = False
+        self.policy.remove(job)
+        del self.jobs[job.job_id]
+        reason = job.finish_reason or "error"
+        self.num_finished[reason] = self.num_finished.get(reason, 0) + 1
+
+    def cancel(self, job_id: int, now: float) -> Job | None:
+        job = self.jobs.get(job_id)
+        if job is not None:
+            self.finish(job, JobStatus.CANCELLED, now)
+        return job
+
+    def fail_all(self, error: str, now: float) -> list[Job]:
+        """The worker is gone: every live job fails; nothing is left to free on it."""
+        failed = list(self.jobs.values())
+        for job in failed:
+            job.on_worker = False
+            self.finish(job, JobStatus.FAILED, now, error)
+        self._pending_frees.clear()
+        return failed
+
+    # ---- one iteration -------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return bool(self.jobs) or bool(self._pending_frees)
+
+    def schedule(self, now: float) -> StepPlan | None:
+        """The next iteration's plan, or None when there is nothing to send."""
+        plan = StepPlan(free_job_ids=self._pending_frees)
+        self._pending_frees = []
+        order = self.policy.order(now)
+        rank = {job.job_id: i for i, job in enumerate(order)}
+        chosen: set[int] = set()
+        budget = self.config.max_batched_tokens
+        for job in order:
+            if len(plan.batch) >= self.config.max_batch_size or budget <= 0:
+                break
+            n = min(job.num_pending, budget)
+            if n <= 0:
+                continue
+            n = self._fit_blocks(job, n, order, rank, chosen, plan)
+            if n <= 0:
+                continue
+            self._add_to_plan(job, n, plan, now)
+            chosen.add(job.job_id)
+            budget -= n
+        if not plan.batch and not plan.free_job_ids:
+            return None
+        return plan
+
+    def _fit_blocks(self, job: Job, n: int, order: list[Job], rank: dict[int, int],
+                    chosen: set[int], plan: StepPlan) -> int:
+        """How many of ``n`` tokens ``job`` can compute given free blocks (0 = it waits).
+
+        A job that has started may preempt lower-priority jobs (their KV is dropped and
+        recomputed later) rather than stall; a job that has not started only takes blocks above
+        the watermark and otherwise waits, without blocking the jobs behind it.
+        """
+        bs = self.allocator.block_size
+        need = blocks_for(job.num_computed + n, bs) - len(job.blocks)
+        reserve = 0 if job.started else self._watermark_blocks
+        if need > self.allocator.num_free - reserve and job.started:
+            victims = [v for v in reversed(order)
+                       if rank[v.job_id] > rank[job.job_id] and v.blocks
+                       and v.job_id not in chosen]
+            while need > self.allocator.num_free and victims:
+                self._preempt(victims.pop(0), plan)
+        avail = self.allocator.num_free - reserve
+        if need > avail:
+            n = (len(job.blocks) + max(avail, 0)) * bs - job.num_computed
+            if n <= 0 or job.num_pending == 1:
+                return 0
+        return n
+
+    def _preempt(self, victim: Job, plan: StepPlan) -> None:
+        self.allocator.free(victim.blocks)
+        victim.blocks = []
+        victim.num_computed = 0
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
+        if victim.on_worker:
+            plan.free_job_ids.append(victim.job_id)
+            victim.on_worker = False
+
+    def _add_to_plan(self, job: Job, n: int, plan: StepPlan, now: float) -> None:
+        need = blocks_for(job.num_computed + n, self.allocator.block_size) - len(job.blocks)
+        new_blocks = self.allocator.allocate(max(need, 0))
+        job.blocks.extend(new_blocks)
+        if job.on_worker:
+            plan.commands.append(Command(job.job_id, n, new_blocks))
+        else:
+            plan.new_jobs.append(NewJobSpec(job.job_id, job.prompt, list(job.output), job,
+                                            list(job.blocks)))
+            plan.commands.append(Command(job.job_id, n, []))
+            job.on_worker = True
+        if job.first_scheduled_time is None:
+            job.first_scheduled_time = now
+            job.status = JobStatus.RUNNING
+        job.last_scheduled_time = now
+        plan.batch.append(job)
+        plan.num_batched_tokens += n
+
+    def update(self, plan: StepPlan, result: StepResult, now: float) -> list[JobUpdate]:
+        """Apply the worker's answer to ``plan``: append tokens, finish jobs, charge service."""
+        self.num_iterations += 1
+        updates: list[JobUpdate] = []
+        for job_id, message in result.errors:
+            job = self.jobs.get(job_id)
+            if job is not None:
+                self.finish(job, JobStatus.FAILED, now, f"worker: {message}")
+                updates.append(JobUpdate(job, [], [], True))
+        for r in result.results:
+            job = self.jobs.get(r.job_id)
+            if job is None:  # cancelled while the step ran
+                continue
+            job.num_computed = r.num_computed
+            if r.token_id is None:
+                continue
+            job.output.append(r.token_id)
+            if job.first_token_time is None:
+                job.first_token_time = now
+            status = self._finish_status(job)
+            if status is not None:
+                self.finish(job, status, now)
+            updates.append(JobUpdate(job, [r.token_id], [r.logprob or 0.0], job.status.finished))
+        ran = [j for j in plan.batch if not j.status.finished]
+        self.policy.on_iteration(ran, result.compute_time_s, now)
+        return updates
+
+    def _finish_status(self, job: Job) -> JobStatus | None:
+        if not job.ignore_eos and job.output[-1] in job.eos_token_ids:
+            return JobStatus.FINISHED_STOPPED
+        if len(job.output) >= job.max_tokens or job.num_tokens >= self.max_context:
+            return JobStatus.FINISHED_LENGTH
+        return None
+
+    def stats(self) -> Stats:
+        return Stats(
+            policy=self.policy.name,
+            queues=self.policy.queues(),
+            num_running=self.num_running,
+            num_waiting=self.num_waiting,
+            num_blocks=self.allocator.num_blocks,
+            num_used_blocks=self.allocator.num_used,
+            num_iterations=self.num_iterations,
+            num_preemptions=self.num_preemptions,
+            num_finished=dict(self.num_finished),
+        )
+
+    def check_invariants(self) -> None:
+        """Free + held == total, and no block held twice (run when idle and in tests)."""
+        held = [b for j in self.jobs.values() for b in j.blocks]
+        assert len(held) == len(set(held)), "a block is held by two jobs"
+        assert len(held) + self.allocator.num_free == self.allocator.num_blocks, (
+            f"{len(held)} held + {self.allocator.num_free} free != {self.allocator.num_blocks}"
+        )
