@@ -23,6 +23,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fastserve", description=__doc__.splitlines()[0])
     parser.add_argument("--log-level", default="INFO", help="logging level (stderr)")
     sub = parser.add_subparsers(dest="command", required=True)
+    from fastserve import cli_client, cli_serve
+
+    cli_serve.add_parser(sub)
+    cli_client.add_parsers(sub)
 
     model = sub.add_parser("model", help="manage model weights")
     model_sub = model.add_subparsers(dest="model_command", required=True)

@@ -216,6 +216,9 @@ def _convert(gguf_path: pathlib.Path, dest: pathlib.Path, source_sha256: str) ->
         model = AutoModelForCausalLM.from_pretrained(
             gguf_path.parent, dtype=torch.float32, **kwargs)
         _fix_special_tokens(gguf_path, tokenizer, model)
+        # Byte-level BPE decodes exactly; the GGUF path turns on transformers' space "clean-up"
+        # ("hello ." -> "hello."), which would make streamed text differ from the tokens.
+        tokenizer.clean_up_tokenization_spaces = False
         tokenizer.save_pretrained(tmp)
         model.save_pretrained(tmp, safe_serialization=True)
         (tmp / _MARKER).write_text(source_sha256 + "\n")

@@ -2,7 +2,9 @@
 
 Logs go to stderr. Once the model is loaded (and profiled, with ``--profile-at-start``) and
 the server is bound, one line goes to stdout: ``worker listening on HOST:PORT`` (with port 0,
-the port actually bound). On SIGTERM or SIGINT the health status turns NOT_SERVING, in-flight
+the port actually bound). With ``--metrics-port``, Prometheus metrics are served on
+0.0.0.0:PORT/metrics and a stderr log line ``metrics on :PORT`` (the port actually bound) is
+written before the ``worker listening`` line. On SIGTERM or SIGINT the health status turns NOT_SERVING, in-flight
 RPCs get 5 s to finish, and the process exits 0.
 """
 
@@ -42,6 +44,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="profile (or load the cached profile) before serving",
     )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=-1,
+        help="serve Prometheus /metrics on this port (0 = any free port, -1 = off)",
+    )
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -64,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from worker_svc import profiler
     from worker_svc.loader import EngineConfig, load_engine
+    from worker_svc.metrics import WorkerMetrics
     from worker_svc.server import create_server
 
     try:
@@ -84,10 +93,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile_at_start:
         profile = profiler.get_profile(loaded.engine, loaded.model_path)
         log.info("profile %s (%s)", profile.cache_key, "cached" if profile.cached else "measured")
+    metrics = None
+    if args.metrics_port >= 0:
+        metrics = WorkerMetrics(loaded.engine)
+        try:
+            metrics_port = metrics.serve(args.metrics_port)
+        except OSError as e:
+            log.error("cannot serve metrics on port %d: %s", args.metrics_port, e)
+            return 1
+        log.info("metrics on :%d", metrics_port)
     health_servicer = health.HealthServicer()
     try:
         server, port = create_server(
-            loaded, args.listen, model_arg=args.model, health_servicer=health_servicer
+            loaded,
+            args.listen,
+            model_arg=args.model,
+            health_servicer=health_servicer,
+            on_step=metrics.observe_step if metrics is not None else None,
         )
     except RuntimeError as e:
         log.error("cannot listen on %s: %s", args.listen, e)

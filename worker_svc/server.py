@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 
 import grpc
@@ -34,10 +34,16 @@ ATTACH_WAIT_S = 2.0
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     """Serves Describe, Profile and Step for one loaded model."""
 
-    def __init__(self, loaded: LoadedModel, model_arg: str | None = None):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        model_arg: str | None = None,
+        on_step: Callable[[StepOutcome, int], None] | None = None,
+    ):
         self.loaded = loaded
         self.engine = loaded.engine
         self.model_arg = model_arg if model_arg is not None else loaded.model_path
+        self.on_step = on_step  # called with each Step's outcome and commanded tokens (metrics)
         # Held by the Step stream that drives the engine.
         self._attached = threading.Lock()
         # Held around every use of the engine (Step iterations, profiling).
@@ -120,6 +126,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             owned.update(j.job_id for j in request.new_jobs)
             owned.intersection_update(self.engine.jobs)
             used = pool.num_used_blocks
+        if self.on_step is not None:
+            self.on_step(out, sum(c.num_tokens for c in request.commands))
         return wire.step_outcome_to_proto(out, request.step_id, used, pool.num_blocks - used)
 
     def _detach(self, peer: str, owned: set[int]) -> None:
@@ -152,18 +160,20 @@ def create_server(
     model_arg: str | None = None,
     health_servicer: health.HealthServicer | None = None,
     max_workers: int = 8,
+    on_step: Callable[[StepOutcome, int], None] | None = None,
 ) -> tuple[grpc.Server, int]:
     """A started gRPC server for ``loaded`` on ``address`` (port 0 picks a free port).
 
     Serves fastserve.v1.Worker and the standard health service, SERVING for "" and the
     Worker service. Pass ``health_servicer`` to flip it to NOT_SERVING on shutdown
-    (``enter_graceful_shutdown()``). Returns the server and the bound port; raises
+    (``enter_graceful_shutdown()``). ``on_step(outcome, num_tokens)`` is called after each
+    Step (metrics). Returns the server and the bound port; raises
     RuntimeError when ``address`` cannot be bound.
     """
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="worker-rpc")
     )
-    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(loaded, model_arg), server)
+    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(loaded, model_arg, on_step), server)
     health_servicer = health_servicer or health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = server.add_insecure_port(address)  # raises RuntimeError if it cannot bind

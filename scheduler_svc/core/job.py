@@ -61,6 +61,8 @@ class Job:
     last_scheduled_time: float | None = None
     finish_time: float | None = None
     error: str = ""
+    # Failed because its worker was lost (not because of the request): clients see UNAVAILABLE.
+    worker_lost: bool = False
     num_preemptions: int = 0
 
     @property

@@ -152,6 +152,7 @@ class SchedulerCore:
         failed = list(self.jobs.values())
         for job in failed:
             job.on_worker = False
+            job.worker_lost = True
             self.finish(job, JobStatus.FAILED, now, error)
         self._pending_frees.clear()
         return failed

@@ -1,0 +1,210 @@
+"""`fastserve serve`: run a worker and a scheduler on this machine until Ctrl-C or SIGTERM.
+
+The model is resolved first (pulled and converted once, progress on stderr). Then the worker
+starts as a child process, then the scheduler pointed at it; once both have printed their
+ready lines, one line goes to stdout: ``FastServe ready at HOST:PORT (policy P, model M)``.
+The children's logs pass through to stderr. Shutdown stops the scheduler first, so that no
+new work reaches the worker, then the worker (SIGTERM, then SIGKILL after 10 s), and exits 0.
+If either child dies on its own, the other is stopped and the command exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+WORKER_READY = "worker listening on "
+SCHEDULER_READY = "scheduler listening on "
+# The first start on CPU loads (and may profile) the model; later starts take seconds.
+WORKER_START_TIMEOUT_S = 300.0
+SCHEDULER_START_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 10.0
+TAIL_LINES = 20
+
+
+class ChildFailed(RuntimeError):
+    """A child process died, or did not print its ready line in time."""
+
+
+class Stopped(Exception):
+    """Shutdown was requested while a child was starting."""
+
+
+class Child(subprocess.Popen):
+    """A child process whose stderr is copied to ours; ``tail()`` has its last lines."""
+
+    def __init__(self, cmd: list[str]) -> None:
+        # A session of its own keeps a terminal's Ctrl-C away from it, so that shutdown can
+        # stop the children in order; PYTHONUNBUFFERED so its ready line is not held back.
+        super().__init__(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         errors="replace", start_new_session=True,
+                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self._stderr_pump = _pump(self.stderr, lambda line: self._tail.append(line.rstrip("\n")))
+
+    def tail(self) -> str:
+        self._stderr_pump.join(timeout=2.0)  # lets the last lines of a dead child arrive
+        return "\n".join(f"  | {line}" for line in self._tail)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register the serve command."""
+    from fastserve.models import DEFAULT_MODEL
+
+    p = sub.add_parser("serve", help="run a worker and a scheduler here until Ctrl-C")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"model (default {DEFAULT_MODEL})")
+    p.add_argument("--policy", default="fcfs", help="scheduling policy: fcfs, rtc, ...")
+    p.add_argument("--host", default="127.0.0.1", help="address the scheduler listens on")
+    p.add_argument("--port", type=int, default=50051, help="scheduler port (0 = pick one)")
+    p.add_argument("--device", default="cpu", help="torch device of the worker, e.g. cuda:0")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--kv-blocks", type=int, default=2048, help="worker KV pool size in blocks")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    p.add_argument("--worker-port", type=int, default=0, help="worker port (0 = pick one)")
+    p.add_argument("--metrics-port", type=int, default=9400,
+                   help="scheduler Prometheus port (0 = pick one, -1 = off)")
+    p.add_argument("--max-batch-size", type=int, default=None)
+    p.add_argument("--max-waiting", type=int, default=None, help="waiting queue bound")
+    p.set_defaults(func=run)
+
+
+def worker_command(args: argparse.Namespace) -> list[str]:
+    """The worker's command line; it always listens on loopback (only the scheduler calls it)."""
+    return [
+        sys.executable, "-m", "worker_svc", "--model", args.model, "--device", args.device,
+        "--dtype", args.dtype, "--num-blocks", str(args.kv_blocks),
+        "--block-size", str(args.block_size), "--listen", f"127.0.0.1:{args.worker_port}",
+        "--log-level", getattr(args, "log_level", "INFO"),
+    ]
+
+
+def scheduler_command(args: argparse.Namespace, workers: str) -> list[str]:
+    """The scheduler's command line, pointed at the ``workers`` addresses."""
+    cmd = [
+        sys.executable, "-m", "scheduler_svc", "--model", args.model, "--workers", workers,
+        "--listen", f"{args.host}:{args.port}", "--policy", args.policy,
+        "--metrics-port", str(args.metrics_port),
+    ]
+    if args.max_batch_size is not None:
+        cmd += ["--max-batch-size", str(args.max_batch_size)]
+    if args.max_waiting is not None:
+        cmd += ["--max-waiting", str(args.max_waiting)]
+    return cmd
+
+
+def start_child(cmd: list[str], ready_prefix: str, timeout: float, *, name: str = "child",
+                stop: threading.Event | None = None) -> tuple[Child, str]:
+    """Start ``cmd`` and wait for its stdout line ``<ready_prefix>HOST:PORT``.
+
+    Returns the process and HOST:PORT. Its stderr, and its other stdout lines, go to our
+    stderr. Raises ``ChildFailed`` (with its last stderr lines) if it exits or is not ready
+    within ``timeout`` s, and ``Stopped`` if ``stop`` is set meanwhile; either way it is gone.
+    """
+    proc = Child(cmd)
+    ready: queue.Queue[str] = queue.Queue()
+
+    def on_stdout(line: str) -> None:
+        if line.startswith(ready_prefix) and ready.empty():
+            ready.put(line[len(ready_prefix):].strip())
+            return
+        sys.stderr.write(line)
+        sys.stderr.flush()
+
+    _pump(proc.stdout, on_stdout, echo=False)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return proc, ready.get(timeout=0.1)
+        except queue.Empty:
+            pass
+        if proc.poll() is not None and ready.empty():
+            raise ChildFailed(f"{name} exited with code {proc.returncode} before it was "
+                              f"ready; its last stderr lines:\n{proc.tail()}")
+        if stop is not None and stop.is_set():
+            stop_child(proc)
+            raise Stopped(name)
+        if time.monotonic() > deadline:
+            stop_child(proc)
+            raise ChildFailed(f"{name} not ready after {timeout:g} s (no '{ready_prefix}...' "
+                              f"line); its last stderr lines:\n{proc.tail()}")
+
+
+def stop_child(p: subprocess.Popen, timeout: float = STOP_TIMEOUT_S) -> int:
+    """SIGTERM ``p``, SIGKILL it if it is still there after ``timeout`` s; its exit code."""
+    if p.poll() is None:
+        p.terminate()
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    return p.returncode
+
+
+def run(args: argparse.Namespace) -> int:
+    """The serve command: see the module doc."""
+    from fastserve.models import resolve_model
+
+    try:
+        resolve_model(args.model, progress=True)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    handlers = {sig: signal.signal(sig, lambda signum, frame: stop.set())
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    children: list[tuple[str, Child]] = []
+    try:
+        return _supervise(args, stop, children)
+    except Stopped:
+        return 0
+    except ChildFailed as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        for name, child in reversed(children):  # the scheduler before the worker
+            if child.poll() is None:
+                print(f"stopping {name}", file=sys.stderr)
+            stop_child(child)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
+def _supervise(args: argparse.Namespace, stop: threading.Event,
+               children: list[tuple[str, Child]]) -> int:
+    worker, worker_address = start_child(worker_command(args), WORKER_READY,
+                                         WORKER_START_TIMEOUT_S, name="worker", stop=stop)
+    children.append(("worker", worker))
+    scheduler, address = start_child(scheduler_command(args, worker_address), SCHEDULER_READY,
+                                     SCHEDULER_START_TIMEOUT_S, name="scheduler", stop=stop)
+    children.append(("scheduler", scheduler))
+    print(f"FastServe ready at {address} (policy {args.policy}, model {args.model})",
+          flush=True)
+    while not stop.wait(0.5):
+        for name, child in children:
+            if child.poll() is not None:
+                raise ChildFailed(f"{name} exited unexpectedly with code {child.returncode}; "
+                                  f"its last stderr lines:\n{child.tail()}")
+    return 0
+
+
+def _pump(stream, on_line, echo: bool = True) -> threading.Thread:  # type: ignore[no-untyped-def]
+    """Copy ``stream``'s lines to our stderr (``echo``) and to ``on_line``, in a thread."""
+
+    def copy() -> None:
+        for line in stream:
+            if echo:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+            on_line(line)
+
+    thread = threading.Thread(target=copy, daemon=True)
+    thread.start()
+    return thread

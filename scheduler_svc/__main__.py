@@ -1,0 +1,73 @@
+"""`python -m scheduler_svc`: the FastServe scheduler service."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from fastserve.models import DEFAULT_MODEL, resolve_model
+from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.policy import POLICIES
+from scheduler_svc.server import create_service
+
+log = logging.getLogger("scheduler_svc")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m scheduler_svc", description=__doc__)
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help="model whose tokenizer and chat template to use (the workers' model)")
+    p.add_argument("--workers", required=True, help="worker addresses, comma-separated")
+    p.add_argument("--listen", default="127.0.0.1:50051", help="HOST:PORT (port 0 = any)")
+    p.add_argument("--policy", default="fcfs", choices=sorted(POLICIES))
+    p.add_argument("--metrics-port", type=int, default=9400, help="0 = any free port, -1 = off")
+    d = SchedulerConfig()
+    p.add_argument("--max-batch-size", type=int, default=d.max_batch_size)
+    p.add_argument("--max-batched-tokens", type=int, default=d.max_batched_tokens)
+    p.add_argument("--max-waiting", type=int, default=d.max_waiting)
+    p.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens)
+    p.add_argument("--connect-timeout", type=float, default=120.0,
+                   help="seconds to wait for every worker at start")
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+async def serve(args: argparse.Namespace) -> int:
+    config = SchedulerConfig(
+        policy=args.policy, max_batch_size=args.max_batch_size,
+        max_batched_tokens=args.max_batched_tokens, max_waiting=args.max_waiting,
+        default_max_tokens=args.default_max_tokens,
+    )
+    workers = [w.strip() for w in args.workers.split(",") if w.strip()]
+    model_path = str(await asyncio.to_thread(resolve_model, args.model))
+    service = await create_service(config, model_path, args.model, workers, args.listen,
+                                   args.connect_timeout, args.metrics_port)
+    host = args.listen.rsplit(":", 1)[0]
+    metrics = f", metrics on :{service.metrics.port}" if service.metrics else ""
+    log.info("policy %s, workers %s%s", config.policy, ", ".join(workers), metrics)
+    print(f"scheduler listening on {host}:{service.port}", flush=True)
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down")
+    await service.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return asyncio.run(serve(args))
+    except ValueError as e:
+        log.error("%s", e)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

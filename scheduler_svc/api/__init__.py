@@ -1,0 +1,1 @@
+"""The scheduler's request-facing layer: validation and text handling."""

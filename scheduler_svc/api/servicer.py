@@ -1,0 +1,162 @@
+"""The client-facing gRPC service (fastserve.v1.Scheduler) over the worker loops."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import grpc
+
+from fastserve.proto import scheduler_pb2 as spb
+from fastserve.proto import scheduler_pb2_grpc
+from scheduler_svc.api.requests import build_job
+from scheduler_svc.api.text import IncrementalDetokenizer, InvalidRequest, TextModel
+from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.job import Job, JobStatus
+from scheduler_svc.core.scheduler import JobUpdate
+from scheduler_svc.loop import WorkerLoop
+
+log = logging.getLogger(__name__)
+
+FINISH = {
+    JobStatus.FINISHED_STOPPED: spb.FINISH_REASON_STOP,
+    JobStatus.FINISHED_LENGTH: spb.FINISH_REASON_LENGTH,
+    JobStatus.CANCELLED: spb.FINISH_REASON_CANCELLED,
+    JobStatus.FAILED: spb.FINISH_REASON_ERROR,
+}
+
+
+class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
+    def __init__(self, config: SchedulerConfig, text: TextModel, loops: list[WorkerLoop],
+                 model_name: str, on_finish=None):
+        self.config = config
+        self.text = text
+        self.loops = loops
+        self.model_name = model_name
+        self.on_finish = on_finish  # called with each finished Job (metrics)
+        self.live: dict[str, tuple[Job, WorkerLoop]] = {}
+        self._ids = itertools.count(1)
+
+    def _pick(self) -> WorkerLoop | None:
+        ready = [lp for lp in self.loops if lp.ready and lp.core is not None]
+        return min(ready, key=lambda lp: len(lp.core.jobs), default=None)
+
+    async def Generate(self, request: spb.GenerateRequest,
+                       context: grpc.aio.ServicerContext) -> AsyncIterator[spb.GenerateResponse]:
+        now = time.monotonic()
+        loop = self._pick()
+        if loop is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no worker is ready")
+        request_id = request.request_id or uuid.uuid4().hex
+        if request_id in self.live:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"request_id: {request_id!r} is already in use by a live request")
+        d = loop.describe
+        try:
+            job, stop = build_job(
+                request, job_id=next(self._ids), request_id=request_id, now=now, text=self.text,
+                vocab_size=d.vocab_size, max_context=loop.core.max_context,
+                default_max_tokens=self.config.default_max_tokens,
+                eos_token_ids=frozenset(d.eos_token_ids) | self.text.eos_token_ids,
+            )
+        except InvalidRequest as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        if not loop.core.can_admit():
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the waiting queue is full ({self.config.max_waiting} requests); retry later",
+            )
+        detok = IncrementalDetokenizer(self.text, job.prompt, stop)
+        updates: asyncio.Queue[JobUpdate] = asyncio.Queue()
+        self.live[request_id] = (job, loop)
+        loop.submit(job, updates.put_nowait)
+        stop_string = ""
+        try:
+            finished = False
+            while not finished:
+                u = await updates.get()
+                ids, lps = list(u.token_ids), list(u.logprobs)
+                finished = u.finished
+                while not updates.empty() and not finished:  # coalesce a backlog
+                    more = updates.get_nowait()
+                    ids += more.token_ids
+                    lps += more.logprobs
+                    finished = more.finished
+                text = ""
+                if ids:
+                    delta = detok.add(ids)
+                    text = delta.text
+                    if delta.stopped:
+                        stop_string = delta.stop_string or ""
+                        loop.end(job, JobStatus.FINISHED_STOPPED)
+                        finished = True
+                if finished and not stop_string and job.status != JobStatus.FAILED:
+                    text += detok.finish()
+                    stop_string = detok.stop_string or ""
+                if text or ids:
+                    yield spb.GenerateResponse(
+                        request_id=request_id,
+                        chunk=spb.Chunk(text=text, token_ids=ids, logprobs=lps),
+                    )
+            if job.worker_lost:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, job.error)
+            yield spb.GenerateResponse(request_id=request_id, final=self._final(job, stop_string))
+        finally:
+            if not job.status.finished:  # the client went away or its deadline passed
+                loop.end(job, JobStatus.CANCELLED)
+            self.live.pop(request_id, None)
+            if self.on_finish is not None:
+                self.on_finish(job)
+
+    def _final(self, job: Job, stop_string: str) -> spb.Final:
+        end = job.finish_time or time.monotonic()
+        usage = spb.Usage(
+            prompt_tokens=len(job.prompt),
+            completion_tokens=len(job.output),
+            queue_time_s=(job.first_scheduled_time or end) - job.arrival_time,
+            time_to_first_token_s=(job.first_token_time or end) - job.arrival_time,
+            total_time_s=end - job.arrival_time,
+        )
+        reason = FINISH.get(job.status, spb.FINISH_REASON_ERROR)
+        if stop_string:
+            reason = spb.FINISH_REASON_STOP
+        return spb.Final(finish_reason=reason,
+                         usage=usage, error_message=job.error, stop_string=stop_string)
+
+    async def Cancel(self, request: spb.CancelRequest,
+                     context: grpc.aio.ServicerContext) -> spb.CancelResponse:
+        entry = self.live.get(request.request_id)
+        if entry is None:
+            return spb.CancelResponse(found=False)
+        job, loop = entry
+        loop.end(job, JobStatus.CANCELLED)
+        return spb.CancelResponse(found=True)
+
+    async def Status(self, request: spb.StatusRequest,
+                     context: grpc.aio.ServicerContext) -> spb.StatusResponse:
+        resp = spb.StatusResponse(policy=self.config.policy, max_waiting=self.config.max_waiting,
+                                  model=self.model_name)
+        queues: dict[str, int] = {}
+        for lp in self.loops:
+            w = spb.WorkerStatus(address=lp.address, state=lp.state, healthy=lp.ready,
+                                 error=lp.error)
+            if lp.describe is not None:
+                w.model = lp.describe.model
+            if lp.core is not None:
+                st = lp.core.stats()
+                w.num_blocks = st.num_blocks
+                w.num_used_blocks = st.num_used_blocks
+                w.kv_usage = st.num_used_blocks / st.num_blocks
+                w.num_iterations = st.num_iterations
+                resp.num_running += st.num_running
+                resp.num_waiting += st.num_waiting
+                resp.num_finished += sum(st.num_finished.values())
+                for name, n in st.queues:
+                    queues[name] = queues.get(name, 0) + n
+            resp.workers.append(w)
+        resp.queues.extend(spb.QueueStatus(name=k, num_jobs=v) for k, v in queues.items())
+        return resp

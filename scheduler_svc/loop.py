@@ -1,0 +1,176 @@
+"""The iteration loop of one worker: plan -> Step -> update, over one long-lived stream.
+
+The loop keeps the worker busy: as soon as a result arrives it is applied to the core and the
+next Step is sent; only then are the new tokens handed to the request streams, whose
+detokenizing and gRPC writes overlap with the worker's next iteration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+
+from fastserve.proto import worker_pb2 as wpb
+from fastserve.proto import worker_pb2_grpc
+from scheduler_svc import wire
+from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.job import Job, JobStatus
+from scheduler_svc.core.scheduler import JobUpdate, SchedulerCore, StepPlan
+
+log = logging.getLogger(__name__)
+
+RECONNECT_S = 2.0
+
+
+@dataclass
+class IterationStats:
+    """One iteration as the loop saw it, for metrics and the overhead benchmark."""
+
+    batch_size: int
+    num_tokens: int
+    compute_s: float  # the worker's own measurement
+    round_trip_s: float  # Step written -> result read
+    overhead_s: float  # previous result read -> this Step written (scheduler work)
+
+
+class WorkerLoop:
+    """Owns one worker connection and the SchedulerCore of that worker."""
+
+    def __init__(self, address: str, config: SchedulerConfig, step_timeout_s: float = 120.0,
+                 on_iteration: Callable[[IterationStats], None] | None = None):
+        self.address = address
+        self.config = config
+        self.step_timeout_s = step_timeout_s
+        self.on_iteration = on_iteration
+        self.core: SchedulerCore | None = None
+        self.describe: wpb.DescribeResponse | None = None
+        self.state = "connecting"
+        self.error = ""
+        self.sinks: dict[int, Callable[[JobUpdate], None]] = {}
+        self._wake = asyncio.Event()
+        self._channel: grpc.aio.Channel | None = None
+        self._task: asyncio.Task | None = None
+        self._step_id = 0
+        self._pending: list[JobUpdate] = []  # applied to the core, not yet streamed
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready"
+
+    async def connect(self, timeout_s: float = 60.0) -> None:
+        """Describe the worker and build the core; raises if it cannot be reached in time."""
+        self._channel = grpc.aio.insecure_channel(self.address)
+        stub = worker_pb2_grpc.WorkerStub(self._channel)
+        self.describe = await stub.Describe(wpb.DescribeRequest(), timeout=timeout_s,
+                                            wait_for_ready=True)
+        d = self.describe
+        if self.core is None:
+            capacity = min(d.max_context, d.num_blocks * d.block_size)
+            self.core = SchedulerCore(self.config, d.num_blocks, d.block_size, capacity)
+        self.state = "ready"
+        self.error = ""
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"worker-loop {self.address}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - shutting down
+                pass
+        if self._channel is not None:
+            await self._channel.close()
+
+    # ---- called by the API (same event loop, never concurrently with schedule) ------------
+    def submit(self, job: Job, sink: Callable[[JobUpdate], None]) -> None:
+        assert self.core is not None
+        self.sinks[job.job_id] = sink
+        self.core.add(job, time.monotonic())
+        self._wake.set()
+
+    def end(self, job: Job, status: JobStatus) -> None:
+        """Finish a job from outside (cancel, client gone, stop string); its stream is told."""
+        if self.core is not None and job.job_id in self.core.jobs:
+            self.core.finish(job, status, time.monotonic())
+            self._wake.set()
+        sink = self.sinks.pop(job.job_id, None)
+        if sink is not None:
+            sink(JobUpdate(job, [], [], True))
+
+    # ---- the loop -------------------------------------------------------------------------
+    async def _run(self) -> None:
+        while True:
+            try:
+                if not self.ready:
+                    await self.connect()
+                    log.info("worker %s ready: %s", self.address, self.describe.model)
+                await self._serve_stream()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - any failure means the worker is lost
+                self._lost(f"{type(e).__name__}: {e}")
+                await asyncio.sleep(RECONNECT_S)
+
+    def _lost(self, why: str) -> None:
+        if self.state != "failed":
+            log.error("worker %s lost: %s", self.address, why)
+        self.state = "failed"
+        self.error = why
+        self._dispatch()
+        if self.core is not None:
+            for job in self.core.fail_all(f"worker {self.address} unavailable: {why}",
+                                          time.monotonic()):
+                sink = self.sinks.pop(job.job_id, None)
+                if sink is not None:
+                    sink(JobUpdate(job, [], [], True))
+
+    async def _serve_stream(self) -> None:
+        assert self._channel is not None and self.core is not None
+        stub = worker_pb2_grpc.WorkerStub(self._channel)
+        call = stub.Step()
+        core = self.core
+        last_read = time.perf_counter()
+        while True:
+            plan = core.schedule(time.monotonic())
+            if plan is None:
+                self._dispatch()
+                core.check_invariants()
+                self._wake.clear()
+                await self._wake.wait()
+                last_read = time.perf_counter()
+                continue
+            self._step_id += 1
+            await call.write(wire.plan_to_proto(plan, self._step_id))
+            written = time.perf_counter()
+            overhead = written - last_read
+            # Hand the previous iteration's tokens to their streams while this one runs.
+            self._dispatch()
+            msg = await asyncio.wait_for(call.read(), self.step_timeout_s)
+            if msg is grpc.aio.EOF:
+                raise ConnectionError("worker closed the Step stream")
+            last_read = time.perf_counter()
+            result = wire.result_from_proto(msg)
+            self._pending = core.update(plan, result, time.monotonic())
+            self._report(plan, result.compute_time_s, last_read - written, overhead)
+
+    def _dispatch(self) -> None:
+        updates, self._pending = self._pending, []
+        for u in updates:
+            sink = self.sinks.get(u.job.job_id)
+            if sink is not None:
+                if u.finished:
+                    del self.sinks[u.job.job_id]
+                sink(u)
+
+    def _report(self, plan: StepPlan, compute_s: float, round_trip_s: float,
+                overhead_s: float) -> None:
+        if self.on_iteration is not None:
+            self.on_iteration(IterationStats(len(plan.batch), plan.num_batched_tokens,
+                                             compute_s, round_trip_s, overhead_s))

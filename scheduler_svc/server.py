@@ -1,0 +1,67 @@
+"""Assemble the scheduler service: text model, worker loops, gRPC server, health, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from fastserve.proto import scheduler_pb2 as spb
+from fastserve.proto import scheduler_pb2_grpc
+from scheduler_svc.api.servicer import SchedulerServicer
+from scheduler_svc.api.text import TextModel
+from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.loop import WorkerLoop
+from scheduler_svc.metrics import SchedulerMetrics
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = spb.DESCRIPTOR.services_by_name["Scheduler"].full_name
+
+
+@dataclass
+class SchedulerService:
+    server: grpc.aio.Server
+    port: int
+    servicer: SchedulerServicer
+    loops: list[WorkerLoop]
+    health: health.aio.HealthServicer
+    metrics: SchedulerMetrics | None
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace_s)
+        for lp in self.loops:
+            await lp.stop()
+
+
+async def create_service(config: SchedulerConfig, model_path: str, model_name: str,
+                         workers: list[str], listen: str, connect_timeout_s: float = 120.0,
+                         metrics_port: int = -1) -> SchedulerService:
+    """Connect to every worker, then serve; raises if a worker is not reachable in time."""
+    text = await asyncio.to_thread(TextModel.load, model_path)
+    metrics = SchedulerMetrics(config.policy, model_name) if metrics_port >= 0 else None
+    loops = [WorkerLoop(addr, config, on_iteration=metrics.observe_iteration if metrics else None)
+             for addr in workers]
+    await asyncio.gather(*(lp.connect(connect_timeout_s) for lp in loops))
+    for lp in loops:
+        lp.start()
+    servicer = SchedulerServicer(config, text, loops, model_name,
+                                 on_finish=metrics.observe_finished if metrics else None)
+    server = grpc.aio.server()
+    scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        raise RuntimeError(f"could not bind {listen}")
+    await server.start()
+    for name in ("", SERVICE_NAME):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    if metrics is not None:
+        metrics.bind(loops)
+        metrics.port = metrics.serve(metrics_port)
+    return SchedulerService(server, port, servicer, loops, health_servicer, metrics)

@@ -1,0 +1,198 @@
+"""`fastserve serve`: process supervision with stand-in children, and the real thing end to end.
+
+The supervision tests replace the worker and scheduler commands with a small script that
+prints the same ready line and logs what happens to it; the end-to-end test runs the real
+services on the default model and is skipped until ``python -m scheduler_svc`` exists.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from fastserve import cli_serve
+from fastserve.cli import build_parser
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+FAKE_CHILD = """
+import signal, sys, time
+name, log, mode = sys.argv[1:4]
+def say(event):
+    with open(log, "a") as f:
+        f.write(f"{name} {event}\\n")
+def on_term(signum, frame):
+    say("stopped")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "stubborn" else on_term)
+print(f"{name} is starting", file=sys.stderr, flush=True)
+if mode == "dies":
+    print("boom: no such model", file=sys.stderr)
+    sys.exit(3)
+say("ready")
+if mode != "mute":
+    print(f"{name} listening on 127.0.0.1:4242")
+deadline = time.time() + (0.5 if mode == "crash" else 60)
+while time.time() < deadline:
+    time.sleep(0.05)
+sys.exit(1)
+"""
+
+
+def _scheduler_available() -> bool:
+    return importlib.util.find_spec("scheduler_svc.__main__") is not None
+
+
+@pytest.fixture
+def fake(tmp_path):
+    script = tmp_path / "fake_child.py"
+    script.write_text(FAKE_CHILD)
+    log = tmp_path / "events.log"
+    log.touch()
+
+    def command(name: str, mode: str = "ok") -> list[str]:
+        return [sys.executable, str(script), name, str(log), mode]
+
+    command.events = lambda: log.read_text().splitlines()
+    return command
+
+
+def test_start_child_returns_the_address_and_stop_child_terminates(fake):
+    proc, address = cli_serve.start_child(fake("worker"), "worker listening on ", 30)
+    assert address == "127.0.0.1:4242"
+    assert cli_serve.stop_child(proc) == 0
+    assert fake.events() == ["worker ready", "worker stopped"]
+
+
+def test_start_child_reports_a_child_that_dies(fake):
+    with pytest.raises(cli_serve.ChildFailed, match="code 3") as info:
+        cli_serve.start_child(fake("worker", "dies"), "worker listening on ", 30, name="worker")
+    assert "boom: no such model" in str(info.value) and "worker exited" in str(info.value)
+
+
+def test_start_child_times_out_and_leaves_nothing_running(fake):
+    with pytest.raises(cli_serve.ChildFailed, match="not ready after 0.5 s"):
+        cli_serve.start_child(fake("worker", "mute"), "worker listening on ", 0.5)
+    assert fake.events() == ["worker ready", "worker stopped"]
+
+
+def test_stop_child_kills_what_ignores_sigterm(fake):
+    proc, _ = cli_serve.start_child(fake("worker", "stubborn"), "worker listening on ", 30)
+    assert cli_serve.stop_child(proc, timeout=0.5) == -signal.SIGKILL
+
+
+def _serve_with_fakes(monkeypatch, fake, scheduler_mode: str, argv: list[str]):
+    seen: dict[str, list[str]] = {}
+    real_scheduler_command = cli_serve.scheduler_command
+
+    def scheduler_command(args, workers):
+        seen["real"] = real_scheduler_command(args, workers)
+        return fake("scheduler", scheduler_mode)
+
+    monkeypatch.setattr(cli_serve, "scheduler_command", scheduler_command)
+    monkeypatch.setattr(cli_serve, "worker_command", lambda args: fake("worker"))
+    monkeypatch.setattr("fastserve.models.resolve_model", lambda model, progress=True: model)
+    args = build_parser().parse_args(["serve", *argv])
+    return args.func(args), seen
+
+
+def test_serve_stops_the_scheduler_then_the_worker_on_sigterm(monkeypatch, fake, capsys):
+    def terminate_when_ready():
+        deadline = time.monotonic() + 30
+        while "scheduler ready" not in fake.events() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)  # let serve print its ready line
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=terminate_when_ready, daemon=True).start()
+    code, seen = _serve_with_fakes(monkeypatch, fake, "ok",
+                                   ["--port", "0", "--policy", "rtc", "--max-waiting", "8"])
+    assert code == 0
+    assert fake.events() == ["worker ready", "scheduler ready", "scheduler stopped",
+                             "worker stopped"]
+    out = capsys.readouterr().out
+    assert out.startswith("FastServe ready at 127.0.0.1:4242 (policy rtc, model ")
+    cmd = seen["real"]
+    assert cmd[cmd.index("--workers") + 1] == "127.0.0.1:4242"
+    assert cmd[cmd.index("--listen") + 1] == "127.0.0.1:0"
+    assert cmd[cmd.index("--max-waiting") + 1] == "8" and "--max-batch-size" not in cmd
+
+
+def test_serve_exits_1_and_stops_the_worker_when_the_scheduler_dies(monkeypatch, fake, capsys):
+    code, _ = _serve_with_fakes(monkeypatch, fake, "crash", ["--port", "0"])
+    assert code == 1
+    assert fake.events() == ["worker ready", "scheduler ready", "worker stopped"]
+    assert "scheduler exited unexpectedly with code 1" in capsys.readouterr().err
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:  # fields: state, ppid, ...
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fastserve.cli", *args], capture_output=True,
+                          text=True, check=False, timeout=120, cwd=ROOT)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _scheduler_available(), reason="python -m scheduler_svc does not exist yet")
+def test_serve_end_to_end(tmp_path):
+    port = _free_port()
+    log = (tmp_path / "serve.log").open("w+")
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "fastserve.cli", "serve", "--port", str(port), "--metrics-port",
+         "-1", "--kv-blocks", "256"], stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT)
+    try:
+        ready: list[str] = []
+        reader = threading.Thread(target=lambda: ready.append(serve.stdout.readline()),
+                                  daemon=True)
+        reader.start()
+        reader.join(timeout=300)
+        log.seek(0)
+        assert ready and ready[0].startswith("FastServe ready at "), log.read()[-4000:]
+        address = f"127.0.0.1:{port}"
+        assert address in ready[0]
+        children = _children(serve.pid)
+        assert len(children) == 2
+
+        status = _cli("status", "--json", "--address", address)
+        assert status.returncode == 0, status.stderr
+        workers = json.loads(status.stdout)["workers"]
+        assert [w["state"] for w in workers] == ["ready"]
+
+        gen = _cli("generate", "What is the capital of France?", "--chat", "--temperature",
+                   "0", "--max-tokens", "20", "--address", address)
+        assert gen.returncode == 0, gen.stderr
+        assert "Paris" in gen.stdout
+
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(timeout=30) == 0
+        assert not [pid for pid in children if pathlib.Path(f"/proc/{pid}").exists()]
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.wait()
+        log.close()

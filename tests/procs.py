@@ -1,0 +1,69 @@
+"""Start FastServe services as real processes for tests, and stop them."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import select
+import signal
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+class ServiceProcess:
+    """``python -m MODULE ARGS``; ready when stdout prints ``<prefix> HOST:PORT``."""
+
+    def __init__(self, module: str, args: list[str], ready_prefix: str, log_path: pathlib.Path,
+                 timeout_s: float = 180.0, env: dict[str, str] | None = None):
+        self.log_path = log_path
+        full_env = {**os.environ, **(env or {})}
+        with open(log_path, "w") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT,
+                                         env=full_env, stdout=subprocess.PIPE, stderr=log,
+                                         text=True)
+        deadline = time.monotonic() + timeout_s
+        line = ""
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            ready, _, _ = select.select([self.proc.stdout], [], [], 0.5)
+            if ready:
+                line = self.proc.stdout.readline().strip()
+                if line.startswith(ready_prefix):
+                    break
+        if not line.startswith(ready_prefix):
+            self.stop()
+            raise RuntimeError(f"{module} did not become ready: {line!r}\n{self.log()}")
+        self.address = line.rsplit(" ", 1)[1]
+
+    def log(self) -> str:
+        return self.log_path.read_text()[-4000:]
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def stop(self, timeout_s: float = 15.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+
+def start_worker(model: str, log_dir: pathlib.Path, num_blocks: int = 512, name: str = "worker",
+                 *extra: str) -> ServiceProcess:
+    args = ["--model", model, "--num-blocks", str(num_blocks), "--listen", "127.0.0.1:0", *extra]
+    return ServiceProcess("worker_svc", args, "worker listening on", log_dir / f"{name}.log")
+
+
+def start_scheduler(model: str, workers: list[str], log_dir: pathlib.Path, *extra: str,
+                    name: str = "scheduler") -> ServiceProcess:
+    args = ["--model", model, "--workers", ",".join(workers), "--listen", "127.0.0.1:0",
+            "--metrics-port", "-1", *extra]
+    return ServiceProcess("scheduler_svc", args, "scheduler listening on",
+                          log_dir / f"{name}.log")

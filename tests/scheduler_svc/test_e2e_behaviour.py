@@ -1,0 +1,160 @@
+"""Cancellation, client disconnects, bad input, overload and a lost worker, through real
+processes and real gRPC (tiny random model with SmolLM2's tokenizer)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import pytest
+
+from fastserve.proto import scheduler_pb2 as spb
+
+
+def long_request(request_id="", max_tokens=400):
+    return spb.GenerateRequest(
+        text="count with me", request_id=request_id,
+        sampling=spb.SamplingOptions(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+    )
+
+
+def collect(stream):
+    ids, final = [], None
+    for msg in stream:
+        if msg.HasField("chunk"):
+            ids += list(msg.chunk.token_ids)
+        else:
+            final = msg.final
+    return ids, final
+
+
+def in_background(fn, *args):
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn(*args)
+        except Exception as e:  # noqa: BLE001 - handed to the test
+            box["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, box
+
+
+def wait_until(pred, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def used_blocks(cluster):
+    return sum(w.num_used_blocks for w in cluster.stub.Status(spb.StatusRequest()).workers)
+
+
+def test_cancel_by_id_and_disconnect_stop_within_an_iteration(tiny_cluster):
+    stub = tiny_cluster.stub
+    normal = [in_background(lambda: collect(stub.Generate(long_request(max_tokens=60))))
+              for _ in range(2)]
+    cancelled = stub.Generate(long_request("cancel-me"))
+    first = next(cancelled)
+    assert first.HasField("chunk")
+    assert stub.Cancel(spb.CancelRequest(request_id="cancel-me")).found
+    ids, final = collect(cancelled)
+    assert final.finish_reason == spb.FINISH_REASON_CANCELLED
+    assert final.usage.completion_tokens < 400
+    assert not stub.Cancel(spb.CancelRequest(request_id="cancel-me")).found
+
+    gone = stub.Generate(long_request("walk-away"))
+    next(gone)
+    gone.cancel()  # the client closes its stream
+    for t, box in normal:
+        t.join(60)
+        ids, final = box["value"]
+        assert len(ids) == 60 and final.finish_reason == spb.FINISH_REASON_LENGTH
+    assert wait_until(lambda: used_blocks(tiny_cluster) == 0)
+    status = stub.Status(spb.StatusRequest())
+    assert status.num_running == 0 and status.num_waiting == 0
+
+
+BAD = [
+    (spb.GenerateRequest(text=""), "text"),
+    (spb.GenerateRequest(token_ids=spb.TokenIds(ids=[])), "token_ids.ids"),
+    (spb.GenerateRequest(text="word " * 3000), "prompt: "),
+    (spb.GenerateRequest(text="hi", sampling=spb.SamplingOptions(max_tokens=0)),
+     "sampling.max_tokens must be in [1, "),
+    (spb.GenerateRequest(text="hi", sampling=spb.SamplingOptions(max_tokens=10**6)),
+     "sampling.max_tokens must be in [1, "),
+    (spb.GenerateRequest(text="hi", sampling=spb.SamplingOptions(temperature=-1)),
+     "sampling.temperature must be >= 0"),
+    (spb.GenerateRequest(text="hi", sampling=spb.SamplingOptions(top_p=0)),
+     "sampling.top_p must be in (0, 1]"),
+    (spb.GenerateRequest(text="hi", sampling=spb.SamplingOptions(top_p=1.5)),
+     "sampling.top_p must be in (0, 1]"),
+    (spb.GenerateRequest(text="hi", sampling=spb.SamplingOptions(top_k=-2)),
+     "sampling.top_k must be in [0, "),
+    (spb.GenerateRequest(token_ids=spb.TokenIds(ids=[5, 10**7])), "token_ids.ids[1] = 10000000"),
+    (spb.GenerateRequest(text="hi", sampling=spb.SamplingOptions(stop=["x"] * 100)),
+     "sampling.stop"),
+    (spb.GenerateRequest(chat=spb.ChatMessages(messages=[
+        spb.ChatMessage(role="user", content="hi"), spb.ChatMessage(role="wizard", content="x")])),
+     "chat.messages[1].role"),
+]
+
+
+def test_bad_input_is_named_and_disturbs_nothing(tiny_cluster):
+    stub = tiny_cluster.stub
+    inflight = [in_background(lambda: collect(stub.Generate(long_request(max_tokens=40))))
+                for _ in range(2)]
+    for req, needle in BAD:
+        with pytest.raises(grpc.RpcError) as err:
+            list(stub.Generate(req))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, needle
+        assert needle in err.value.details(), (needle, err.value.details())
+    for t, box in inflight:
+        t.join(60)
+        ids, final = box["value"]
+        assert len(ids) == 40 and final.finish_reason == spb.FINISH_REASON_LENGTH
+    assert wait_until(lambda: used_blocks(tiny_cluster) == 0)
+
+
+def test_full_waiting_queue_is_refused_at_once(tiny_cluster):
+    stub = tiny_cluster.stub
+    # max batch 4 and max waiting 4: 4 run, 4 wait, the 9th is refused.
+    streams = [stub.Generate(long_request(max_tokens=2000)) for _ in range(4)]
+    assert wait_until(lambda: stub.Status(spb.StatusRequest()).num_running == 4)
+    streams += [stub.Generate(long_request(max_tokens=2000)) for _ in range(4)]
+    assert wait_until(lambda: stub.Status(spb.StatusRequest()).num_waiting == 4)
+    start = time.monotonic()
+    with pytest.raises(grpc.RpcError) as err:
+        list(stub.Generate(long_request(max_tokens=5)))
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "waiting queue is full (4 requests)" in err.value.details()
+    assert time.monotonic() - start < 5
+    for s in streams:
+        s.cancel()
+    assert wait_until(lambda: used_blocks(tiny_cluster) == 0)
+
+
+def test_killed_worker_fails_streams_with_unavailable(tiny_cluster):
+    stub = tiny_cluster.stub
+    streams = [stub.Generate(long_request(max_tokens=2000)) for _ in range(3)]
+    for s in streams:
+        next(s)
+    tiny_cluster.worker.kill()
+    start = time.monotonic()
+    for s in streams:
+        with pytest.raises(grpc.RpcError) as err:
+            collect(s)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert time.monotonic() - start < 10
+    status = stub.Status(spb.StatusRequest(), timeout=5)
+    assert [w.state for w in status.workers] in (["failed"], ["connecting"])
+    assert not status.workers[0].healthy
+    with pytest.raises(grpc.RpcError) as err:
+        list(stub.Generate(long_request(max_tokens=5)))
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE

@@ -1,0 +1,67 @@
+"""The worker's /metrics endpoint, scraped over HTTP from a real ``python -m worker_svc``."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from test_worker_server import NUM_BLOCKS, StepStream, Worker, new_job
+
+from fastserve.proto import worker_pb2 as pb
+
+
+def scrape(port: int) -> dict[tuple[str, frozenset], float]:
+    """Every sample on ``/metrics``, keyed by sample name and labels."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+@pytest.fixture(scope="module")
+def worker(tiny_llama_dir, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("logs")
+    w = Worker(tiny_llama_dir, logs, logs / "worker.log", "--metrics-port", "0")
+    yield w
+    assert w.terminate() == 0, w.log()
+
+
+def metrics_port(worker: Worker) -> int:
+    # Logged before the "worker listening" line, which the fixture has already read.
+    found = re.search(r"metrics on :(\d+)", worker.log_path.read_text())
+    assert found, worker.log()
+    return int(found.group(1))
+
+
+def test_step_counters_and_kv_gauges(worker):
+    port = metrics_port(worker)
+    before = scrape(port)
+    assert before[("fastserve:worker_kv_blocks_total", frozenset())] == NUM_BLOCKS
+    assert before[("fastserve:worker_kv_blocks_used", frozenset())] == 0
+    assert before[("fastserve:worker_steps_total", frozenset())] == 0
+
+    stream = StepStream(worker.stub)
+    r = stream.step(
+        new_jobs=[new_job(1, [5, 6, 7], [0, 1])],
+        commands=[pb.JobCommand(job_id=1, num_tokens=3), pb.JobCommand(job_id=9, num_tokens=1)],
+    )
+    assert [e.job_id for e in r.errors] == [9]  # unknown job: counted by code
+    during = scrape(port)
+    stream.close()
+    after = scrape(port)
+
+    assert during[("fastserve:worker_steps_total", frozenset())] >= 1
+    assert during[("fastserve:worker_tokens_total", frozenset())] == 4
+    assert during[("fastserve:worker_step_batch_tokens_count", frozenset())] >= 1
+    assert during[("fastserve:worker_step_compute_seconds_sum", frozenset())] > 0
+    assert during[("fastserve:worker_job_errors_total", frozenset({("code", "not_found")}))] == 1
+    assert during[("fastserve:worker_kv_blocks_used", frozenset())] == 2
+    assert during[("fastserve:worker_jobs", frozenset())] == 1
+    # Closing the stream frees its jobs outside any Step.
+    assert after[("fastserve:worker_kv_blocks_used", frozenset())] == 0
+    assert after[("fastserve:worker_jobs", frozenset())] == 0

@@ -1,0 +1,89 @@
+"""The worker's Prometheus exporter: the one module that owns its Prometheus objects.
+
+Steps are pushed in by the servicer's ``on_step`` hook; the KV pool and job gauges are read
+from the engine when Prometheus scrapes, so no background thread polls it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from worker_svc.engine import Engine, StepOutcome
+
+# One engine step: a tiny model's decode on a GPU (~1 ms) to a long prefill on a CPU.
+STEP_BUCKETS = (0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1,
+                0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)
+TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+class WorkerMetrics:
+    """Prometheus metrics of one worker, in a registry of its own.
+
+    Pass ``observe_step`` as the servicer's ``on_step`` hook and call ``serve(port)`` to
+    expose ``/metrics``.
+    """
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.registry = CollectorRegistry()
+        self._server: WSGIServer | None = None
+        r = self.registry
+        self.compute = Histogram("fastserve:worker_step_compute_seconds",
+                                 "Engine compute time of one Step.",
+                                 buckets=STEP_BUCKETS, registry=r)
+        self.batch_tokens = Histogram("fastserve:worker_step_batch_tokens",
+                                      "Tokens commanded in one Step.",
+                                      buckets=TOKEN_BUCKETS, registry=r)
+        self.steps = Counter("fastserve:worker_steps", "Steps run.", registry=r)
+        self.tokens = Counter("fastserve:worker_tokens", "Tokens commanded over all Steps.",
+                              registry=r)
+        self.job_errors = Counter("fastserve:worker_job_errors", "Per-job errors by code.",
+                                  ["code"], registry=r)
+        r.register(_EngineCollector(engine))
+
+    def observe_step(self, outcome: StepOutcome, num_tokens: int) -> None:
+        """Record one Step: its outcome and the tokens it was commanded to compute."""
+        self.steps.inc()
+        self.tokens.inc(num_tokens)
+        self.compute.observe(outcome.compute_time_s)
+        self.batch_tokens.observe(num_tokens)
+        for err in outcome.errors:
+            self.job_errors.labels(code=err.code.name.lower()).inc()
+
+    def serve(self, port: int) -> int:
+        """Serve ``/metrics`` over HTTP on 0.0.0.0:``port`` (0 picks one); returns the port."""
+        server, _ = start_http_server(port, addr="0.0.0.0", registry=self.registry)
+        self._server = server
+        return server.server_port
+
+    def close(self) -> None:
+        """Stop the HTTP server, if serving."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+class _EngineCollector(Collector):
+    """KV pool and job gauges, read when Prometheus scrapes.
+
+    Read without the engine lock: each value is one len() of a dict, atomic under the GIL, so
+    a scrape never waits for a long Step.
+    """
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        pool = self.engine.pool
+        for name, doc, value in (
+            ("fastserve:worker_kv_blocks_used", "KV blocks held by jobs.", pool.num_used_blocks),
+            ("fastserve:worker_kv_blocks_total", "KV blocks in the pool.", pool.num_blocks),
+            ("fastserve:worker_jobs", "Jobs the engine holds.", len(self.engine.jobs)),
+        ):
+            yield GaugeMetricFamily(name, doc, value=value)
