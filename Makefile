@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # The CPU build of torch; on a CUDA machine install the matching CUDA build first.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install proto model serve test lint bench-engine clean
+.PHONY: install proto model serve test lint bench-engine bench-overhead clean
 
 install: $(VENV)/.installed
 
@@ -24,8 +24,9 @@ proto: install
 model: install
 	$(PY) -m fastserve.cli model pull
 
+# Worker + scheduler on this machine with the default model; Ctrl-C stops both.
 serve: proto model
-	$(PY) -m worker_svc --listen 127.0.0.1:50061
+	$(VENV)/bin/fastserve serve
 
 test: proto model
 	$(PY) -m pytest -q
@@ -34,7 +35,10 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 bench-engine: proto model
-	$(PY) -m fastserve.cli bench engine --json docs/bench-engine.json
+	$(VENV)/bin/fastserve bench engine --repeats 2 --json docs/bench-engine.json
+
+bench-overhead: proto model
+	$(VENV)/bin/fastserve bench overhead --json docs/bench-overhead.json
 
 clean:
 	rm -rf $(VENV) fastserve/proto/fastserve

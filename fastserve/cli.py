@@ -36,8 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks that print figures")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     from fastserve.bench import engine as bench_engine
+    from fastserve.bench import overhead as bench_overhead
 
     bench_engine.add_parser(bench_sub)
+    bench_overhead.add_parser(bench_sub)
     return parser
 
 

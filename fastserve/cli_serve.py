@@ -69,7 +69,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     p.add_argument("--worker-port", type=int, default=0, help="worker port (0 = pick one)")
     p.add_argument("--metrics-port", type=int, default=9400,
-                   help="scheduler Prometheus port (0 = pick one, -1 = off)")
+                   help="scheduler Prometheus port; the worker uses the next one "
+                        "(0 = pick any, -1 = off)")
     p.add_argument("--max-batch-size", type=int, default=None)
     p.add_argument("--max-waiting", type=int, default=None, help="waiting queue bound")
     p.set_defaults(func=run)
@@ -81,8 +82,14 @@ def worker_command(args: argparse.Namespace) -> list[str]:
         sys.executable, "-m", "worker_svc", "--model", args.model, "--device", args.device,
         "--dtype", args.dtype, "--num-blocks", str(args.kv_blocks),
         "--block-size", str(args.block_size), "--listen", f"127.0.0.1:{args.worker_port}",
+        "--metrics-port", str(worker_metrics_port(args.metrics_port)),
         "--log-level", getattr(args, "log_level", "INFO"),
     ]
+
+
+def worker_metrics_port(scheduler_port: int) -> int:
+    """The worker's metrics port follows the scheduler's: the next port, any (0) or off (-1)."""
+    return scheduler_port + 1 if scheduler_port > 0 else scheduler_port
 
 
 def scheduler_command(args: argparse.Namespace, workers: str) -> list[str]:
