@@ -40,9 +40,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     gen = sub.add_parser("generate", parents=[conn, sampling],
                          help="stream one completion to stdout")
     gen.add_argument("prompt")
-    gen.add_argument("--chat", action="store_true",
-                     help="send the prompt as one user chat message (chat template)")
-    gen.set_defaults(func=run_generate)
+    form = gen.add_mutually_exclusive_group()
+    form.add_argument("--chat", dest="raw", action="store_false",
+                      help="send the prompt as one user chat message (the default)")
+    form.add_argument("--raw", dest="raw", action="store_true",
+                      help="send the prompt as plain text, no chat template (completion)")
+    gen.set_defaults(func=run_generate, raw=False)
 
     chat = sub.add_parser("chat", parents=[conn, sampling],
                           help="interactive chat on stdin/stdout (/reset, /exit)")
@@ -58,13 +61,20 @@ def run_generate(args: argparse.Namespace) -> int:
     from fastserve.client import Client
     from fastserve.errors import FastServeError
 
-    if args.chat:
-        request: dict[str, Any] = {"messages": [{"role": "user", "content": args.prompt}]}
-    else:
-        request = {"prompt": args.prompt}
+    from fastserve.errors import InvalidArgument
+
+    chat: dict[str, Any] = {"messages": [{"role": "user", "content": args.prompt}]}
+    raw: dict[str, Any] = {"prompt": args.prompt}
     with Client(args.address, timeout=args.timeout) as client:
         try:
-            completion = _answer(client, sys.stdout, **request, **_sampling(args))
+            try:
+                completion = _answer(client, sys.stdout, **(raw if args.raw else chat),
+                                     **_sampling(args))
+            except InvalidArgument as e:
+                # A base model without a chat template: the prompt is plain text after all.
+                if args.raw or "no chat template" not in e.details:
+                    raise
+                completion = _answer(client, sys.stdout, **raw, **_sampling(args))
         except FastServeError as e:
             return _fail(e)
         except KeyboardInterrupt:

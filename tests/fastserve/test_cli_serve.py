@@ -183,7 +183,7 @@ def test_serve_end_to_end(tmp_path):
         workers = json.loads(status.stdout)["workers"]
         assert [w["state"] for w in workers] == ["ready"]
 
-        gen = _cli("generate", "What is the capital of France?", "--chat", "--temperature",
+        gen = _cli("generate", "What is the capital of France?", "--temperature",
                    "0", "--max-tokens", "20", "--address", address)
         assert gen.returncode == 0, gen.stderr
         assert "Paris" in gen.stdout
