@@ -27,6 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     cli_serve.add_parser(sub)
     cli_client.add_parsers(sub)
+    from fastserve import cli_sim
+
+    cli_sim.add_parser(sub)
 
     model = sub.add_parser("model", help="manage model weights")
     model_sub = model.add_subparsers(dest="model_command", required=True)
@@ -35,11 +38,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks that print figures")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    from fastserve.bench import compare as bench_compare
     from fastserve.bench import engine as bench_engine
     from fastserve.bench import overhead as bench_overhead
+    from fastserve.bench import serve as bench_serve
 
     bench_engine.add_parser(bench_sub)
     bench_overhead.add_parser(bench_sub)
+    bench_serve.add_parser(bench_sub)
+    bench_compare.add_parser(bench_sub)
     return parser
 
 

@@ -60,7 +60,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("serve", help="run a worker and a scheduler here until Ctrl-C")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"model (default {DEFAULT_MODEL})")
-    p.add_argument("--policy", default="fcfs", help="scheduling policy: fcfs, rtc, ...")
+    p.add_argument("--policy", default="fcfs",
+                   help="scheduling policy: skip-join-mlfq, fcfs, rtc, mlfq, fixed-priority, "
+                        "srpt-oracle")
     p.add_argument("--host", default="127.0.0.1", help="address the scheduler listens on")
     p.add_argument("--port", type=int, default=50051, help="scheduler port (0 = pick one)")
     p.add_argument("--device", default="cpu", help="torch device of the worker, e.g. cuda:0")
@@ -73,6 +75,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "(0 = pick any, -1 = off)")
     p.add_argument("--max-batch-size", type=int, default=None)
     p.add_argument("--max-waiting", type=int, default=None, help="waiting queue bound")
+    p.add_argument("--max-batched-tokens", type=int, default=None,
+                   help="tokens per iteration at most (longer prompts are chunked)")
+    p.add_argument("--mlfq-num-queues", type=int, default=None, help="MLFQ: number of queues")
+    p.add_argument("--mlfq-ratio", type=float, default=None,
+                   help="MLFQ: quantum ratio between consecutive queues")
+    p.add_argument("--mlfq-q1-quantum", type=float, default=None,
+                   help="MLFQ: Q1 quantum in seconds (default: one decode iteration)")
+    p.add_argument("--starve-limit", type=float, default=None,
+                   help="MLFQ: seconds without running before promotion to Q1")
     p.set_defaults(func=run)
 
 
@@ -99,10 +110,11 @@ def scheduler_command(args: argparse.Namespace, workers: str) -> list[str]:
         "--listen", f"{args.host}:{args.port}", "--policy", args.policy,
         "--metrics-port", str(args.metrics_port),
     ]
-    if args.max_batch_size is not None:
-        cmd += ["--max-batch-size", str(args.max_batch_size)]
-    if args.max_waiting is not None:
-        cmd += ["--max-waiting", str(args.max_waiting)]
+    for flag in ("max_batch_size", "max_waiting", "max_batched_tokens", "mlfq_num_queues",
+                 "mlfq_ratio", "mlfq_q1_quantum", "starve_limit"):
+        value = getattr(args, flag, None)
+        if value is not None:
+            cmd += ["--" + flag.replace("_", "-"), str(value)]
     return cmd
 
 

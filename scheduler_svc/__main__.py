@@ -29,6 +29,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-batched-tokens", type=int, default=d.max_batched_tokens)
     p.add_argument("--max-waiting", type=int, default=d.max_waiting)
     p.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens)
+    p.add_argument("--mlfq-num-queues", type=int, default=d.mlfq_num_queues)
+    p.add_argument("--mlfq-ratio", type=float, default=d.mlfq_ratio,
+                   help="quantum ratio between consecutive queues")
+    p.add_argument("--mlfq-q1-quantum", type=float, default=None,
+                   help="Q1 quantum in seconds (default: the worker's one-decode time)")
+    p.add_argument("--starve-limit", type=float, default=d.starve_limit_s,
+                   help="seconds without running before a job is promoted to Q1")
     p.add_argument("--connect-timeout", type=float, default=120.0,
                    help="seconds to wait for every worker at start")
     p.add_argument("--log-level", default="INFO")
@@ -39,7 +46,9 @@ async def serve(args: argparse.Namespace) -> int:
     config = SchedulerConfig(
         policy=args.policy, max_batch_size=args.max_batch_size,
         max_batched_tokens=args.max_batched_tokens, max_waiting=args.max_waiting,
-        default_max_tokens=args.default_max_tokens,
+        default_max_tokens=args.default_max_tokens, mlfq_num_queues=args.mlfq_num_queues,
+        mlfq_ratio=args.mlfq_ratio, mlfq_q1_quantum_s=args.mlfq_q1_quantum,
+        starve_limit_s=args.starve_limit,
     )
     workers = [w.strip() for w in args.workers.split(",") if w.strip()]
     model_path = str(await asyncio.to_thread(resolve_model, args.model))

@@ -19,7 +19,9 @@ from fastserve.proto import worker_pb2 as wpb
 from fastserve.proto import worker_pb2_grpc
 from scheduler_svc import wire
 from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.cost_model import CostModel
 from scheduler_svc.core.job import Job, JobStatus
+from scheduler_svc.core.policy import POLICIES
 from scheduler_svc.core.scheduler import JobUpdate, SchedulerCore, StepPlan
 
 log = logging.getLogger(__name__)
@@ -70,8 +72,20 @@ class WorkerLoop:
                                             wait_for_ready=True)
         d = self.describe
         if self.core is None:
+            cost_model = None
+            if POLICIES[self.config.policy].needs_cost_model:
+                # Measured once per model, device and pool, then cached by the worker.
+                profile = await stub.Profile(wpb.ProfileRequest(), timeout=max(timeout_s, 600))
+                cost_model = CostModel.from_profile(
+                    [(p.batch_size, p.time_s) for p in profile.decode],
+                    [(p.num_tokens, p.time_s) for p in profile.prefill],
+                    name=f"profile:{d.model}",
+                )
+                log.info("cost model from %s: one decode %.1f ms", self.address,
+                         cost_model.min_iteration_time * 1e3)
             capacity = min(d.max_context, d.num_blocks * d.block_size)
-            self.core = SchedulerCore(self.config, d.num_blocks, d.block_size, capacity)
+            self.core = SchedulerCore(self.config, d.num_blocks, d.block_size, capacity,
+                                      cost_model=cost_model)
         self.state = "ready"
         self.error = ""
 

@@ -148,9 +148,23 @@ class _LoopCollector(Collector):
         total = family("fastserve:kv_blocks_total", "KV blocks in the worker's pool.")
         used = family("fastserve:kv_blocks_used", "KV blocks held by jobs.")
         queues = family("fastserve:queue_depth", "Jobs in each policy queue.", ("worker", "queue"))
-        preempt = CounterMetricFamily("fastserve:num_preemptions", "Jobs preempted.",
-                                      labels=["worker"])
-        iters = CounterMetricFamily("fastserve:iterations", "Iterations run.", labels=["worker"])
+        events = {
+            "num_preemptions": CounterMetricFamily(
+                "fastserve:num_preemptions",
+                "Jobs that ran in one iteration and were left out of the next, unfinished.",
+                labels=["worker"]),
+            "num_recomputes": CounterMetricFamily(
+                "fastserve:num_recomputes", "Jobs whose KV was dropped, to be recomputed.",
+                labels=["worker"]),
+            "num_demotions": CounterMetricFamily(
+                "fastserve:num_demotions", "Jobs moved to a lower-priority queue.",
+                labels=["worker"]),
+            "num_promotions": CounterMetricFamily(
+                "fastserve:num_promotions", "Starving jobs promoted to the top queue.",
+                labels=["worker"]),
+            "num_iterations": CounterMetricFamily(
+                "fastserve:iterations", "Iterations run.", labels=["worker"]),
+        }
         sums = [0, 0, 0, 0]  # running, waiting, used blocks, total blocks
         for lp in self.loops:
             up.add_metric([lp.address], 1.0 if lp.ready else 0.0)
@@ -165,12 +179,12 @@ class _LoopCollector(Collector):
             used.add_metric(w, stats.num_used_blocks)
             for name, depth in stats.queues:
                 queues.add_metric([lp.address, name], depth)
-            preempt.add_metric(w, stats.num_preemptions)
-            iters.add_metric(w, stats.num_iterations)
+            for attr, fam in events.items():
+                fam.add_metric(w, getattr(stats, attr))
             for i, v in enumerate((stats.num_running, stats.num_waiting,
                                    stats.num_used_blocks, stats.num_blocks)):
                 sums[i] += v
-        yield from (up, running, waiting, usage, total, used, queues, preempt, iters)
+        yield from (up, running, waiting, usage, total, used, queues, *events.values())
 
         m = [self.model_name]
         for name, doc, value in (

@@ -152,6 +152,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 w.num_used_blocks = st.num_used_blocks
                 w.kv_usage = st.num_used_blocks / st.num_blocks
                 w.num_iterations = st.num_iterations
+                w.num_preemptions = st.num_preemptions
+                w.num_recomputes = st.num_recomputes
+                w.num_demotions = st.num_demotions
+                w.num_promotions = st.num_promotions
+                w.queues.extend(spb.QueueStatus(name=k, num_jobs=v) for k, v in st.queues)
                 resp.num_running += st.num_running
                 resp.num_waiting += st.num_waiting
                 resp.num_finished += sum(st.num_finished.values())

@@ -20,6 +20,15 @@ class SchedulerConfig:
     # Free KV blocks kept back from new jobs, as a fraction of the pool, so running jobs can
     # still grow by a block without preempting anyone.
     watermark: float = 0.01
+    # Multi-level feedback queue (skip-join-mlfq, mlfq): number of queues; each queue's quantum
+    # is `mlfq_ratio` times the one above; Q1's is the worker's minimal iteration time (one
+    # decode at batch 1, from its profile) unless `mlfq_q1_quantum_s` sets it.
+    mlfq_num_queues: int = 8
+    mlfq_ratio: float = 2.0
+    mlfq_q1_quantum_s: float | None = None
+    # A job that has not run for this long is promoted to Q1 (starvation prevention). The
+    # FastServe authors' code uses 3 s; lower it for tighter tail latency.
+    starve_limit_s: float = 3.0
 
     def __post_init__(self) -> None:
         def check(name: str, ok: bool, limit: str) -> None:
@@ -31,3 +40,8 @@ class SchedulerConfig:
         check("max_waiting", self.max_waiting >= 0, ">= 0")
         check("default_max_tokens", self.default_max_tokens >= 1, ">= 1")
         check("watermark", 0.0 <= self.watermark < 1.0, "in [0, 1)")
+        check("mlfq_num_queues", 1 <= self.mlfq_num_queues <= 64, "in [1, 64]")
+        check("mlfq_ratio", self.mlfq_ratio > 1.0, "> 1")
+        check("mlfq_q1_quantum_s", self.mlfq_q1_quantum_s is None or self.mlfq_q1_quantum_s > 0,
+              "> 0 (or unset)")
+        check("starve_limit_s", self.starve_limit_s > 0, "> 0")

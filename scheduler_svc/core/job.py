@@ -63,7 +63,7 @@ class Job:
     error: str = ""
     # Failed because its worker was lost (not because of the request): clients see UNAVAILABLE.
     worker_lost: bool = False
-    num_preemptions: int = 0
+    num_recomputes: int = 0
 
     @property
     def num_tokens(self) -> int:

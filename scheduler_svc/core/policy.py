@@ -10,6 +10,7 @@ from abc import ABC, abstractmethod
 from typing import ClassVar
 
 from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.cost_model import CostModel
 from scheduler_svc.core.job import Job
 
 POLICIES: dict[str, type[Policy]] = {}
@@ -20,23 +21,29 @@ def register(cls: type[Policy]) -> type[Policy]:
     return cls
 
 
-def make_policy(config: SchedulerConfig) -> Policy:
+def make_policy(config: SchedulerConfig, cost_model: CostModel | None = None) -> Policy:
     try:
         cls = POLICIES[config.policy]
     except KeyError:
         raise ValueError(
             f"scheduler policy must be one of {sorted(POLICIES)}, got {config.policy!r}"
         ) from None
-    return cls(config)
+    if cls.needs_cost_model and cost_model is None:
+        raise ValueError(f"scheduler policy {config.policy!r} needs the worker's cost model")
+    return cls(config, cost_model)
 
 
 class Policy(ABC):
     """Ranks the live (admitted, unfinished) jobs of one worker group."""
 
     name: ClassVar[str]
+    needs_cost_model: ClassVar[bool] = False
 
-    def __init__(self, config: SchedulerConfig):
+    def __init__(self, config: SchedulerConfig, cost_model: CostModel | None = None):
         self.config = config
+        self.cost_model = cost_model
+        self.num_demotions = 0
+        self.num_promotions = 0
 
     @abstractmethod
     def add(self, job: Job, now: float) -> None:
@@ -64,8 +71,8 @@ class FCFS(Policy):
 
     name = "fcfs"
 
-    def __init__(self, config: SchedulerConfig):
-        super().__init__(config)
+    def __init__(self, config: SchedulerConfig, cost_model: CostModel | None = None):
+        super().__init__(config, cost_model)
         self._jobs: dict[int, Job] = {}  # insertion order = arrival order
 
     def add(self, job: Job, now: float) -> None:
@@ -87,8 +94,8 @@ class RunToCompletion(Policy):
 
     name = "rtc"
 
-    def __init__(self, config: SchedulerConfig):
-        super().__init__(config)
+    def __init__(self, config: SchedulerConfig, cost_model: CostModel | None = None):
+        super().__init__(config, cost_model)
         self._waiting: dict[int, Job] = {}
         self._batch: dict[int, Job] = {}
 
@@ -107,3 +114,8 @@ class RunToCompletion(Policy):
 
     def queues(self) -> list[tuple[str, int]]:
         return [("batch", len(self._batch)), ("waiting", len(self._waiting))]
+
+
+# The other policies register themselves on import; importing them here makes the registry
+# complete for anyone who imports this module.
+from scheduler_svc.core import mlfq, priority  # noqa: E402,F401

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from scheduler_svc.core.blocks import BlockAllocator, blocks_for
 from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.cost_model import CostModel
 from scheduler_svc.core.job import Job, JobStatus
 from scheduler_svc.core.policy import Policy, make_policy
 
@@ -85,7 +86,10 @@ class Stats:
     num_blocks: int
     num_used_blocks: int
     num_iterations: int
-    num_preemptions: int
+    num_preemptions: int  # a job that ran in one iteration left out of the next, unfinished
+    num_recomputes: int  # a job whose KV was dropped to make room, to be recomputed
+    num_demotions: int
+    num_promotions: int
     num_finished: dict[str, int]
 
 
@@ -93,16 +97,20 @@ class SchedulerCore:
     """Jobs, blocks and batches for one worker group. Single-threaded: the loop owns it."""
 
     def __init__(self, config: SchedulerConfig, num_blocks: int, block_size: int,
-                 max_context: int, policy: Policy | None = None):
+                 max_context: int, policy: Policy | None = None,
+                 cost_model: CostModel | None = None):
         self.config = config
         self.max_context = max_context
         self.allocator = BlockAllocator(num_blocks, block_size)
-        self.policy = policy or make_policy(config)
+        self.cost_model = cost_model
+        self.policy = policy or make_policy(config, cost_model)
         self.jobs: dict[int, Job] = {}
         self._pending_frees: list[int] = []
         self._watermark_blocks = int(config.watermark * num_blocks)
         self.num_iterations = 0
         self.num_preemptions = 0
+        self.num_recomputes = 0
+        self._last_batch: set[int] = set()
         self.num_finished: dict[str, int] = {}
 
     # ---- admission and termination -------------------------------------------------------
@@ -166,55 +174,81 @@ class SchedulerCore:
         plan = StepPlan(free_job_ids=self._pending_frees)
         self._pending_frees = []
         order = self.policy.order(now)
-        rank = {job.job_id: i for i, job in enumerate(order)}
         chosen: set[int] = set()
         budget = self.config.max_batched_tokens
         for job in order:
             if len(plan.batch) >= self.config.max_batch_size or budget <= 0:
                 break
-            n = min(job.num_pending, budget)
-            if n <= 0:
-                continue
-            n = self._fit_blocks(job, n, order, rank, chosen, plan)
-            if n <= 0:
-                continue
-            self._add_to_plan(job, n, plan, now)
-            chosen.add(job.job_id)
-            budget -= n
+            n = self._fit_blocks(job, min(job.num_pending, budget))
+            if n > 0:
+                self._add_to_plan(job, n, plan, now)
+                chosen.add(job.job_id)
+                budget -= n
+        if not plan.batch:
+            self._make_room(order, budget, plan, now, chosen)
+        self.num_preemptions += sum(1 for j in self._last_batch
+                                    if j not in chosen and j in self.jobs)
+        self._last_batch = chosen
         if not plan.batch and not plan.free_job_ids:
             return None
         return plan
 
-    def _fit_blocks(self, job: Job, n: int, order: list[Job], rank: dict[int, int],
-                    chosen: set[int], plan: StepPlan) -> int:
+    def _fit_blocks(self, job: Job, n: int) -> int:
         """How many of ``n`` tokens ``job`` can compute given free blocks (0 = it waits).
 
-        A job that has started may preempt lower-priority jobs (their KV is dropped and
-        recomputed later) rather than stall; a job that has not started only takes blocks above
-        the watermark and otherwise waits, without blocking the jobs behind it.
+        A job that has not started only takes blocks above the watermark, so running jobs can
+        still grow; a job that does not fit waits without blocking the jobs behind it.
         """
+        if n <= 0:
+            return 0
         bs = self.allocator.block_size
         need = blocks_for(job.num_computed + n, bs) - len(job.blocks)
-        reserve = 0 if job.started else self._watermark_blocks
-        if need > self.allocator.num_free - reserve and job.started:
-            victims = [v for v in reversed(order)
-                       if rank[v.job_id] > rank[job.job_id] and v.blocks
-                       and v.job_id not in chosen]
-            while need > self.allocator.num_free and victims:
-                self._preempt(victims.pop(0), plan)
-        avail = self.allocator.num_free - reserve
+        avail = self.allocator.num_free - (0 if job.started else self._watermark_blocks)
         if need > avail:
             n = (len(job.blocks) + max(avail, 0)) * bs - job.num_computed
             if n <= 0 or job.num_pending == 1:
                 return 0
         return n
 
+    def _make_room(self, order: list[Job], budget: int, plan: StepPlan, now: float,
+                   chosen: set[int]) -> None:
+        """Nothing fits: the oldest started job takes blocks from the newest ones (their KV is
+        dropped and recomputed later), vLLM-style.
+
+        Only here, when the batch would otherwise be empty, so a job holding blocks keeps
+        running while others wait; and by age, not by the policy's (changing) priorities, so
+        the oldest job never loses its KV and always progresses: jobs cannot evict each other
+        in turn forever. Host-memory offloading (the KV store) replaces most of this.
+        """
+        started = [j for j in order if j.started and j.num_pending > 0]
+        if not started:
+            return
+        age = lambda j: (j.arrival_time, j.job_id)  # noqa: E731
+        oldest = min(started, key=age)
+        victims = sorted((j for j in self.jobs.values() if j is not oldest and j.blocks),
+                         key=age, reverse=True)
+        n = min(oldest.num_pending, budget)
+        self._evict_for(oldest, n, victims, plan)
+        n = self._fit_blocks(oldest, n)
+        if n > 0:
+            self._add_to_plan(oldest, n, plan, now)
+            chosen.add(oldest.job_id)
+
+    def _evict_for(self, job: Job, n: int, victims: list[Job], plan: StepPlan) -> None:
+        """Drop victims' KV, in the order given, until ``job`` has blocks for ``n`` tokens."""
+        need = blocks_for(job.num_computed + n, self.allocator.block_size) - len(job.blocks)
+        for victim in victims:
+            if need <= self.allocator.num_free:
+                return
+            if victim.blocks:
+                self._preempt(victim, plan)
+
     def _preempt(self, victim: Job, plan: StepPlan) -> None:
         self.allocator.free(victim.blocks)
         victim.blocks = []
         victim.num_computed = 0
-        victim.num_preemptions += 1
-        self.num_preemptions += 1
+        victim.num_recomputes += 1
+        self.num_recomputes += 1
         if victim.on_worker:
             plan.free_job_ids.append(victim.job_id)
             victim.on_worker = False
@@ -281,6 +315,9 @@ class SchedulerCore:
             num_used_blocks=self.allocator.num_used,
             num_iterations=self.num_iterations,
             num_preemptions=self.num_preemptions,
+            num_recomputes=self.num_recomputes,
+            num_demotions=self.policy.num_demotions,
+            num_promotions=self.policy.num_promotions,
             num_finished=dict(self.num_finished),
         )
 

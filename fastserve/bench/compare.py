@@ -1,0 +1,241 @@
+"""`fastserve bench compare`: the same trace replayed against each scheduling policy.
+
+Starts one local worker (its model loads once), then for each rate and each policy in turn a
+scheduler with ``--policy P`` (metrics off, any port) attached to it, replays the trace as
+`fastserve bench serve` does (same arrivals, same synthesized prompts), and stops the
+scheduler; the worker frees everything a scheduler left when its stream closes, so every
+policy starts from an empty KV pool (``--fresh-worker`` restarts the worker too).
+
+Prints one table (a row per policy, per rate) with each policy's mean and p95 JCT as a
+multiple of FCFS's when fcfs is among the policies. Writes to ``--out-dir``: the JCT CDF of
+every policy (``jct_cdf.png``), mean and p95 latency per token against the rate when there
+are several rates (``latency_vs_rate.png``), ``summaries.json`` and one JSON per run with
+every request (``<policy>_rate<R>.json``, as `bench serve --json` writes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import shlex
+import sys
+import time
+from typing import Any
+
+from fastserve.bench import serve as bench_serve
+from fastserve.traces import describe
+
+DEFAULT_OUT_DIR = "bench-compare"
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
+    return values
+
+
+def _name_list(text: str) -> list[str]:
+    names = list(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, got {text!r}")
+    return names
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compare", help="replay one trace against several scheduling policies")
+    p.add_argument("--policies", required=True, type=_name_list,
+                   help="comma-separated policies, e.g. fcfs,skip-join-mlfq")
+    bench_serve.add_trace_args(p)
+    p.add_argument("--rates", type=_float_list, default=None,
+                   help="comma-separated arrival rates (requests/s); each is run for every "
+                   "policy (overrides --rate)")
+    p.add_argument("--model", default=None, help="model (default: the default model)")
+    p.add_argument("--device", default="cpu", help="torch device of the worker")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--kv-blocks", type=int, default=2048, help="worker KV pool size in blocks")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-batch-size", type=int, default=None)
+    p.add_argument("--max-waiting", type=int, default=None,
+                   help="scheduler waiting-queue bound (default: the number of requests, so "
+                   "that none is refused)")
+    p.add_argument("--scheduler-args", default="",
+                   help="extra arguments for every scheduler, e.g. \"--starve-limit 1\"")
+    p.add_argument("--fresh-worker", action="store_true",
+                   help="restart the worker for every run, not only the scheduler")
+    p.add_argument("--out-dir", default=DEFAULT_OUT_DIR,
+                   help=f"plots and per-run JSON go here (default ./{DEFAULT_OUT_DIR})")
+    p.add_argument("--json", default=None, metavar="OUT",
+                   help="write the list of summaries (one per policy and rate)")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=run)
+
+
+class _Cluster:
+    """One worker, kept across runs, and the scheduler of the current run."""
+
+    def __init__(self, args: argparse.Namespace, model: str, max_waiting: int):
+        self.args, self.model, self.max_waiting = args, model, max_waiting
+        self.worker: Any = None
+        self.worker_address = ""
+        self.scheduler: Any = None
+
+    def _ns(self, policy: str) -> argparse.Namespace:
+        a = self.args
+        return argparse.Namespace(
+            model=self.model, device=a.device, dtype=a.dtype, kv_blocks=a.kv_blocks,
+            block_size=a.block_size, worker_port=0, metrics_port=-1, log_level="WARNING",
+            host="127.0.0.1", port=0, policy=policy, max_batch_size=a.max_batch_size,
+            max_waiting=self.max_waiting)
+
+    def start(self, policy: str) -> str:
+        """A scheduler with ``policy`` (and the worker if it is not running); its address."""
+        from fastserve import cli_serve
+
+        ns = self._ns(policy)
+        if self.worker is not None and (self.args.fresh_worker or self.worker.poll() is not None):
+            if self.worker.poll() is not None:
+                bench_serve._warn(f"the worker exited with code {self.worker.returncode}; "
+                                  "starting a new one")
+            cli_serve.stop_child(self.worker)
+            self.worker = None
+        if self.worker is None:
+            self.worker, self.worker_address = cli_serve.start_child(
+                cli_serve.worker_command(ns), cli_serve.WORKER_READY,
+                cli_serve.WORKER_START_TIMEOUT_S, name="worker")
+        cmd = cli_serve.scheduler_command(ns, self.worker_address)
+        cmd += ["--log-level", "WARNING", *shlex.split(self.args.scheduler_args)]
+        self.scheduler, address = cli_serve.start_child(
+            cmd, cli_serve.SCHEDULER_READY, cli_serve.SCHEDULER_START_TIMEOUT_S,
+            name=f"scheduler ({policy})")
+        return address
+
+    def stop_scheduler(self) -> None:
+        from fastserve import cli_serve
+
+        if self.scheduler is not None:
+            cli_serve.stop_child(self.scheduler)
+            self.scheduler = None
+
+    def close(self) -> None:
+        from fastserve import cli_serve
+
+        self.stop_scheduler()
+        if self.worker is not None:
+            cli_serve.stop_child(self.worker)
+            self.worker = None
+
+
+def run(args: argparse.Namespace) -> int:
+    from fastserve.cli_serve import ChildFailed
+    from fastserve.models import DEFAULT_MODEL, resolve_model
+    from scheduler_svc.core.policy import POLICIES
+
+    unknown = [p for p in args.policies if p not in POLICIES]
+    if unknown:
+        print(f"error: unknown policies {', '.join(unknown)}; the scheduler has "
+              f"{', '.join(sorted(POLICIES))}", file=sys.stderr)
+        return 2
+    rates: list[float | None] = list(args.rates) if args.rates else [args.rate]
+    try:
+        traces = {rate: bench_serve.trace_from_args(args, rate) for rate in rates}
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        model = str(resolve_model(args.model or DEFAULT_MODEL, progress=True))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out_dir = pathlib.Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    n = max(len(t) for t in traces.values())
+    cluster = _Cluster(args, model, args.max_waiting or max(1024, n))
+    summaries: list[dict[str, Any]] = []
+    jcts: dict[float | None, dict[str, list[float]]] = {}
+    infos = {}
+    try:
+        for rate, trace in traces.items():
+            info = infos[rate] = describe(trace)
+            prompts = bench_serve.make_prompts(trace, args.seed)
+            label = rate if rate is not None else info.get("mean_rate")
+            for policy in args.policies:
+                started = time.monotonic()
+                try:
+                    address = cluster.start(policy)
+                    result = bench_serve.replay(
+                        address, trace, prompts, timeout_s=args.timeout_s, warmup=args.warmup,
+                        progress=not args.no_progress,
+                        desc=f"{policy} @ {bench_serve._fmt(label)} req/s")
+                finally:
+                    cluster.stop_scheduler()
+                summary = bench_serve.bench_summary(result, label)
+                summary["policy"] = policy  # the name asked for, even if Status says otherwise
+                summary["scheduler_policy"] = result["policy"]
+                summary["wall_s"] = time.monotonic() - started
+                summaries.append(summary)
+                jcts.setdefault(rate, {})[policy] = bench_serve.jcts(result["requests"])
+                bench_serve.write_json(str(out_dir / f"{policy}_rate{_rate_tag(rate)}.json"), {
+                    "summary": summary, "requests": result["requests"], "trace": info,
+                    "config": _config(args, rate, model, cluster, policy, result["status"]),
+                })
+    except (ChildFailed, ConnectionError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        cluster.close()
+
+    for rate in rates:
+        bench_serve.print_trace_line(infos[rate], args)
+    print(f"model {args.model or DEFAULT_MODEL}, device {args.device}, kv blocks "
+          f"{args.kv_blocks}, max batch {args.max_batch_size or 'default'}"
+          + (f", scheduler args {args.scheduler_args!r}" if args.scheduler_args else ""))
+    print(bench_serve.format_table(summaries))
+    for s in summaries:
+        bench_serve.print_failures(s)
+    bench_serve.write_json(str(out_dir / "summaries.json"), summaries)
+    if args.json:
+        bench_serve.write_json(args.json, summaries)
+    if not args.no_plots:
+        _plots(args, out_dir, rates, jcts, summaries)
+    return 0 if all(s["num_failed"] == 0 for s in summaries) else 1
+
+
+def _rate_tag(rate: float | None) -> str:
+    return "trace" if rate is None else f"{rate:g}"
+
+
+def _config(args: argparse.Namespace, rate: float | None, model: str, cluster: _Cluster,
+            policy: str, status: dict) -> dict[str, Any]:
+    return {**bench_serve.trace_config(args, rate), "policy": policy, "model": model,
+            "device": args.device, "dtype": args.dtype, "kv_blocks": args.kv_blocks,
+            "block_size": args.block_size, "max_batch_size": args.max_batch_size,
+            "max_waiting": cluster.max_waiting, "scheduler_args": args.scheduler_args,
+            "fresh_worker": args.fresh_worker, "server": status}
+
+
+def _plots(args: argparse.Namespace, out_dir: pathlib.Path, rates: list[float | None],
+           jcts: dict[float | None, dict[str, list[float]]],
+           summaries: list[dict[str, Any]]) -> None:
+    try:
+        from fastserve.bench import plots
+    except ImportError as e:  # pragma: no cover - matplotlib is the `plot` extra
+        bench_serve._warn(f"no plots ({e}); pip install 'fastserve[plot]'")
+        return
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as e:
+        bench_serve._warn(f"no plots ({e}); pip install 'fastserve[plot]'")
+        return
+    title = (f"{pathlib.Path(args.trace).name}, {args.num_requests or 'all'} requests, "
+             f"length scale {args.length_scale:g}, model {args.model or 'default'}")
+    paths = [plots.plot_jct_cdf(jcts, out_dir / "jct_cdf.png", title)]
+    if len(rates) > 1:
+        paths.append(plots.plot_latency_vs_rate(summaries, out_dir / "latency_vs_rate.png",
+                                                title))
+    for p in paths:
+        print(f"wrote {p}")

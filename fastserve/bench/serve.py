@@ -1,0 +1,408 @@
+"""`fastserve bench serve`: replay a request trace against a running scheduler.
+
+Each request of the trace (``fastserve.traces``) is sent at its arrival time, on its own
+asyncio task and Generate stream, as a synthesized prompt of exactly ``input_tokens`` token ids
+(drawn from [1000, 30000) by an RNG seeded by the seed and the request's index, so every run
+of the same trace sends the same prompts) with ``ignore_eos``, ``max_tokens = output_tokens``
+and temperature 0. Times are taken on this side (``time.perf_counter``, seconds from the start
+of the replay): the scheduled arrival, when the request was sent, its first token and its
+final message. The job completion time (JCT) is finish - arrival, so time a request spent
+waiting to be sent counts against the server, as it would for a real client.
+
+Requests that fail (refused, error, deadline, no final message) are counted in the summary
+(``num_failed``, ``failures``) and listed in the JSON with their error; the latency figures
+are over the completed requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from fastserve.traces import ARRIVALS, TraceRequest, describe, load_trace
+
+PROMPT_TOKEN_RANGE = (1000, 30000)
+WARMUP_PROMPT_TOKENS = 16
+WARMUP_MAX_TOKENS = 4
+STATUS_TIMEOUT_S = 30.0
+# The keys every summary has, in the order tables print them.
+SUMMARY_KEYS = (
+    "policy", "rate", "num_requests", "num_completed", "num_failed",
+    "mean_jct_s", "p50_jct_s", "p95_jct_s", "p99_jct_s",
+    "mean_ttft_s", "p50_ttft_s", "p95_ttft_s", "p99_ttft_s",
+    "mean_latency_per_token_s", "p50_latency_per_token_s", "p95_latency_per_token_s",
+    "p99_latency_per_token_s", "throughput_tokens_s", "throughput_requests_s", "makespan_s",
+)
+
+
+# ---- command line --------------------------------------------------------------------------
+def add_trace_args(p: argparse.ArgumentParser, *, rate_help: str | None = None) -> None:
+    """The trace options shared by `bench serve` and `bench compare`."""
+    p.add_argument("--trace", required=True, metavar="FILE",
+                   help="trace file: Azure CSV, ShareGPT lengths CSV or JSONL")
+    p.add_argument("--format", dest="trace_format", default=None,
+                   choices=["azure", "sharegpt", "jsonl"], help="default: from the file")
+    p.add_argument("--rate", type=float, default=None,
+                   help=rate_help or "mean arrival rate, requests/s (default: the trace's own "
+                   "timestamps; required for traces without them)")
+    p.add_argument("--num-requests", type=int, default=None,
+                   help="first N requests (a shorter trace is repeated)")
+    p.add_argument("--length-scale", type=float, default=1.0,
+                   help="divide input and output lengths by this")
+    p.add_argument("--max-input", type=int, default=None, help="cap on prompt tokens")
+    p.add_argument("--max-output", type=int, default=None, help="cap on output tokens")
+    p.add_argument("--arrivals", default="poisson", choices=list(ARRIVALS),
+                   help="synthesized arrivals, for traces without timestamps")
+    p.add_argument("--cv", type=float, default=1.0,
+                   help="coefficient of variation of Gamma inter-arrival gaps")
+    p.add_argument("--seed", type=int, default=0, help="seed of arrivals and prompts")
+    p.add_argument("--timeout-s", type=float, default=None,
+                   help="deadline of each request, from its send (default: none)")
+    p.add_argument("--warmup", type=int, default=1,
+                   help="short untimed requests sent before the replay")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="replay a request trace against a running scheduler")
+    p.add_argument("--address", default=None,
+                   help="scheduler HOST:PORT (default $FASTSERVE_ADDRESS or 127.0.0.1:50051); "
+                   "nothing is started: the cluster must be running")
+    add_trace_args(p)
+    p.add_argument("--json", default=None, metavar="OUT",
+                   help="write the summary, every request, the trace and the config as JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def trace_config(args: argparse.Namespace, rate: float | None) -> dict[str, Any]:
+    return {"trace": str(args.trace), "format": args.trace_format, "rate": rate,
+            "num_requests": args.num_requests, "length_scale": args.length_scale,
+            "max_input": args.max_input, "max_output": args.max_output,
+            "arrivals": args.arrivals, "cv": args.cv, "seed": args.seed,
+            "timeout_s": args.timeout_s, "warmup": args.warmup}
+
+
+def trace_from_args(args: argparse.Namespace, rate: float | None) -> list[TraceRequest]:
+    return load_trace(args.trace, fmt=args.trace_format, rate=rate, arrivals=args.arrivals,
+                      cv=args.cv, length_scale=args.length_scale, max_input=args.max_input,
+                      max_output=args.max_output, num_requests=args.num_requests,
+                      seed=args.seed)
+
+
+def run(args: argparse.Namespace) -> int:
+    from fastserve.client import default_address
+
+    try:
+        trace = trace_from_args(args, args.rate)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    address = args.address or default_address()
+    prompts = make_prompts(trace, args.seed)
+    try:
+        result = replay(address, trace, prompts, timeout_s=args.timeout_s,
+                        warmup=args.warmup, progress=not args.no_progress)
+    except ConnectionError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    info = describe(trace)
+    rate = args.rate if args.rate is not None else info.get("mean_rate")
+    summary = bench_summary(result, rate)
+    print_trace_line(info, args)
+    print(format_table([summary]))
+    print_failures(summary)
+    if args.json:
+        write_json(args.json, {
+            "summary": summary, "requests": result["requests"], "trace": info,
+            "config": {**trace_config(args, args.rate), "address": address,
+                       "server": result["status"]},
+        })
+    return 0 if summary["num_failed"] == 0 else 1
+
+
+# ---- prompts and the replay ----------------------------------------------------------------
+def make_prompts(trace: Sequence[TraceRequest], seed: int = 0,
+                 token_range: tuple[int, int] = PROMPT_TOKEN_RANGE) -> list[list[int]]:
+    """One prompt of exactly ``input_tokens`` ids per request; the same for the same seed."""
+    lo, hi = token_range
+    if seed < 0:
+        raise ValueError(f"the prompt seed must be >= 0, got {seed}")
+    return [np.random.default_rng([seed, i]).integers(lo, hi, size=r.input_tokens).tolist()
+            for i, r in enumerate(trace)]
+
+
+def replay(address: str, trace: Sequence[TraceRequest], prompts: Sequence[Sequence[int]], *,
+           timeout_s: float | None = None, warmup: int = 1, progress: bool = True,
+           desc: str | None = None) -> dict[str, Any]:
+    """Replay ``trace`` against the scheduler at ``address``; see ``replay_async``."""
+    return asyncio.run(replay_async(address, trace, prompts, timeout_s=timeout_s,
+                                    warmup=warmup, progress=progress, desc=desc))
+
+
+async def replay_async(address: str, trace: Sequence[TraceRequest],
+                       prompts: Sequence[Sequence[int]], *, timeout_s: float | None = None,
+                       warmup: int = 1, progress: bool = True,
+                       desc: str | None = None) -> dict[str, Any]:
+    """Send each request at its arrival time; returns ``{"policy", "status", "requests"}``.
+
+    Each request record: index, request_id, arrival, sent, first_token, finish (s from the
+    start; None when it never happened), input_tokens, max_tokens, output_tokens (received),
+    finish_reason, error (None when it completed), and the server's own usage timings.
+    Raises ``ConnectionError`` when the scheduler cannot be reached at the start.
+    """
+    import grpc
+    from tqdm.auto import tqdm
+
+    from fastserve.client import _CHANNEL_OPTIONS, _to_dict
+    from fastserve.proto import scheduler_pb2 as pb
+    from fastserve.proto import scheduler_pb2_grpc
+
+    if len(prompts) != len(trace):
+        raise ValueError(f"{len(trace)} requests but {len(prompts)} prompts")
+    # Many concurrent streams on one connection: let HTTP/2 run as many as there are requests.
+    options = [*_CHANNEL_OPTIONS, ("grpc.max_concurrent_streams", max(100, len(trace) + 10))]
+    async with grpc.aio.insecure_channel(address, options=options) as channel:
+        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        try:
+            status = await stub.Status(pb.StatusRequest(), timeout=STATUS_TIMEOUT_S,
+                                       wait_for_ready=True)
+        except grpc.aio.AioRpcError as e:
+            raise ConnectionError(f"cannot reach the scheduler at {address}: "
+                                  f"{e.code().name}: {e.details()}") from None
+        for i in range(warmup):
+            ids = np.random.default_rng([0xFFFFFFFF, i]).integers(*PROMPT_TOKEN_RANGE,
+                                                          size=WARMUP_PROMPT_TOKENS).tolist()
+            req = pb.GenerateRequest(
+                token_ids=pb.TokenIds(ids=ids), request_id=f"bench-warmup-{i}-{time.time_ns()}",
+                sampling=pb.SamplingOptions(max_tokens=WARMUP_MAX_TOKENS, temperature=0.0,
+                                            ignore_eos=True))
+            try:
+                async for _ in stub.Generate(req, timeout=120):
+                    pass
+            except grpc.aio.AioRpcError as e:
+                _warn(f"warm-up request failed: {e.code().name}: {e.details()}")
+
+        bar = tqdm(total=len(trace), desc=desc or status.policy, unit="req", file=sys.stderr,
+                   disable=not progress, dynamic_ncols=True)
+        records: list[dict[str, Any]] = [{} for _ in trace]
+        failed = 0
+        run_id = time.time_ns()
+        t0 = time.perf_counter()
+
+        async def one(i: int, r: TraceRequest) -> None:
+            nonlocal failed
+            rec = records[i] = {
+                "index": i, "request_id": f"bench-{run_id}-{i}", "arrival": r.arrival_s,
+                "sent": time.perf_counter() - t0, "first_token": None, "finish": None,
+                "input_tokens": r.input_tokens, "max_tokens": r.output_tokens,
+                "output_tokens": 0, "finish_reason": None, "error": None,
+                "server_queue_time_s": None, "server_ttft_s": None, "server_total_time_s": None,
+            }
+            req = pb.GenerateRequest(
+                token_ids=pb.TokenIds(ids=prompts[i]), request_id=rec["request_id"],
+                sampling=pb.SamplingOptions(max_tokens=r.output_tokens, temperature=0.0,
+                                            ignore_eos=True))
+            final = None
+            try:
+                async for resp in stub.Generate(req, timeout=timeout_s):
+                    now = time.perf_counter() - t0
+                    if resp.HasField("chunk") and resp.chunk.token_ids:
+                        if rec["first_token"] is None:
+                            rec["first_token"] = now
+                        rec["output_tokens"] += len(resp.chunk.token_ids)
+                    elif resp.HasField("final"):
+                        final = resp.final
+                        rec["finish"] = now
+            except grpc.aio.AioRpcError as e:
+                rec["error"] = f"{e.code().name}: {e.details()}"
+            except Exception as e:  # noqa: BLE001 - recorded, never dropped
+                rec["error"] = f"{type(e).__name__}: {e}"
+            if final is not None:
+                reason = pb.FinishReason.Name(final.finish_reason)
+                rec["finish_reason"] = reason.removeprefix("FINISH_REASON_").lower()
+                rec["server_queue_time_s"] = final.usage.queue_time_s
+                rec["server_ttft_s"] = final.usage.time_to_first_token_s
+                rec["server_total_time_s"] = final.usage.total_time_s
+                if rec["error"] is None and rec["finish_reason"] not in ("stop", "length"):
+                    rec["error"] = (f"finish reason {rec['finish_reason']}"
+                                    + (f": {final.error_message}" if final.error_message else ""))
+            elif rec["error"] is None:
+                rec["error"] = "the stream ended without a final message"
+            if rec["error"] is None and rec["output_tokens"] == 0:
+                rec["error"] = "no output tokens"
+            if rec["error"] is not None:
+                failed += 1
+                bar.set_postfix(failed=failed, refresh=False)
+            bar.update(1)
+
+        tasks = []
+        try:
+            for i, r in enumerate(trace):
+                delay = t0 + r.arrival_s - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(one(i, r)))
+            await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+            bar.close()
+    return {"policy": status.policy, "status": _to_dict(status), "requests": records}
+
+
+# ---- statistics ----------------------------------------------------------------------------
+def _pct(values: np.ndarray, q: float) -> float | None:
+    return float(np.percentile(values, q)) if len(values) else None
+
+
+def summarize(records: Sequence[dict[str, Any]], policy: str, rate: float | None) -> dict:
+    """Latency and throughput of ``records`` (dicts with arrival, first_token, finish,
+    input_tokens, output_tokens; s and tokens). A record counts as completed when it has a
+    finish time, at least one output token and no ``error``; the figures are over those.
+
+    JCT = finish - arrival; TTFT = first_token - arrival; latency per token = JCT /
+    output_tokens (the FastServe paper's per-token latency); throughputs are completed output
+    tokens and requests over the makespan, last finish - first arrival.
+    """
+    done = [r for r in records if r.get("error") is None and r.get("finish") is not None
+            and (r.get("output_tokens") or 0) > 0]
+    arrival = np.array([r["arrival"] for r in done], dtype=np.float64)
+    finish = np.array([r["finish"] for r in done], dtype=np.float64)
+    first = np.array([r["first_token"] if r.get("first_token") is not None else r["finish"]
+                      for r in done], dtype=np.float64)
+    out = np.array([r["output_tokens"] for r in done], dtype=np.float64)
+    jct, ttft = finish - arrival, first - arrival
+    per_token = jct / out if len(done) else jct
+    if len(done):
+        start = min(r["arrival"] for r in records)
+        makespan = float(finish.max() - start)
+    else:
+        makespan = 0.0
+
+    def stats(name: str, v: np.ndarray, qs: tuple[int, ...] = (50, 95, 99)) -> dict:
+        d = {f"mean_{name}": float(v.mean()) if len(v) else None}
+        d.update({f"p{q}_{name}": _pct(v, q) for q in qs})
+        return d
+
+    return {
+        "policy": policy, "rate": rate, "num_requests": len(records),
+        "num_completed": len(done), "num_failed": len(records) - len(done),
+        **stats("jct_s", jct), **stats("ttft_s", ttft), **stats("latency_per_token_s", per_token),
+        "max_jct_s": float(jct.max()) if len(done) else None,
+        "throughput_tokens_s": float(out.sum() / makespan) if makespan > 0 else None,
+        "throughput_requests_s": len(done) / makespan if makespan > 0 else None,
+        "makespan_s": makespan,
+        "total_input_tokens": int(sum(r["input_tokens"] for r in done)),
+        "total_output_tokens": int(out.sum()),
+    }
+
+
+def bench_summary(result: dict[str, Any], rate: float | None) -> dict[str, Any]:
+    """``summarize`` plus what only a real replay has: send lag, server timings, failures."""
+    reqs = result["requests"]
+    s = summarize(reqs, result["policy"], rate)
+    lag = np.array([r["sent"] - r["arrival"] for r in reqs if r.get("sent") is not None])
+    s["mean_send_lag_s"] = float(lag.mean()) if len(lag) else None
+    s["max_send_lag_s"] = float(lag.max()) if len(lag) else None
+    q = np.array([r["server_queue_time_s"] for r in reqs
+                  if r.get("error") is None and r.get("server_queue_time_s") is not None])
+    s["mean_server_queue_time_s"] = float(q.mean()) if len(q) else None
+    s["failures"] = dict(collections.Counter(
+        _short(r["error"]) for r in reqs if r.get("error") is not None).most_common())
+    return s
+
+
+def jcts(records: Sequence[dict[str, Any]]) -> list[float]:
+    """JCTs (s) of the completed requests."""
+    return [r["finish"] - r["arrival"] for r in records
+            if r.get("error") is None and r.get("finish") is not None]
+
+
+def _short(error: str, n: int = 120) -> str:
+    return error if len(error) <= n else error[: n - 3] + "..."
+
+
+# ---- output --------------------------------------------------------------------------------
+def _fmt(v: float | None, scale: float = 1.0, digits: int = 2) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return f"{v * scale:.{digits}f}"
+
+
+def format_table(summaries: Sequence[dict[str, Any]], baseline: str | None = "fcfs") -> str:
+    """One row per summary: completed/failed, JCT (s), TTFT (s), latency per output token
+    (ms), throughput; with ``baseline`` among the policies of a rate, each row's mean and p95
+    JCT as a multiple of the baseline's (lower is better)."""
+    base = {}
+    if baseline:
+        base = {s["rate"]: s for s in summaries if s["policy"] == baseline}
+    with_ratio = bool(base)
+    head = (f"{'policy':<16} {'rate':>6} {'ok':>5} {'fail':>4} | {'JCT mean':>8} {'p50':>7} "
+            f"{'p95':>7} {'p99':>7} | {'TTFT mean':>9} {'p95':>7} | {'ms/tok mean':>11} "
+            f"{'p95':>7} | {'tok/s':>7} {'req/s':>6}")
+    if with_ratio:
+        head += f" | {'JCT mean/' + baseline:>13} {'p95/' + baseline:>8}"
+    lines = [head, "-" * len(head)]
+    for k, s in enumerate(summaries):
+        if k and s["rate"] != summaries[k - 1]["rate"]:
+            lines.append("")
+        row = (f"{s['policy']:<16} {_fmt(s['rate']):>6} {s['num_completed']:>5} "
+               f"{s['num_failed']:>4} | {_fmt(s['mean_jct_s'], digits=3):>8} "
+               f"{_fmt(s['p50_jct_s'], digits=3):>7} {_fmt(s['p95_jct_s'], digits=3):>7} "
+               f"{_fmt(s['p99_jct_s'], digits=3):>7} | "
+               f"{_fmt(s['mean_ttft_s'], digits=3):>9} {_fmt(s['p95_ttft_s'], digits=3):>7} | "
+               f"{_fmt(s['mean_latency_per_token_s'], 1e3, 1):>11} "
+               f"{_fmt(s['p95_latency_per_token_s'], 1e3, 1):>7} | "
+               f"{_fmt(s['throughput_tokens_s'], digits=1):>7} "
+               f"{_fmt(s['throughput_requests_s']):>6}")
+        if with_ratio:
+            b = base.get(s["rate"])
+            row += (f" | {_ratio(s, b, 'mean_jct_s'):>13} {_ratio(s, b, 'p95_jct_s'):>8}")
+        lines.append(row)
+    lines.append("JCT and TTFT in s; ms/tok = JCT / output tokens, in ms")
+    return "\n".join(lines)
+
+
+def _ratio(s: dict, b: dict | None, key: str) -> str:
+    if b is None or not s.get(key) or not b.get(key):
+        return "-"
+    return f"{s[key] / b[key]:.2f}x"
+
+
+def print_trace_line(info: dict[str, Any], args: argparse.Namespace) -> None:
+    rate = info.get("mean_rate")
+    print(f"trace {args.trace}: {info['count']} requests, mean rate "
+          f"{_fmt(rate)} req/s over {_fmt(info.get('span_s'), digits=1)} s; input tokens mean "
+          f"{info.get('mean_input_tokens', 0):.0f} p99 {info.get('p99_input_tokens', 0):.0f}, "
+          f"output tokens mean {info.get('mean_output_tokens', 0):.0f} p99 "
+          f"{info.get('p99_output_tokens', 0):.0f} (length scale {args.length_scale:g}, caps "
+          f"{args.max_input}/{args.max_output})")
+
+
+def print_failures(summary: dict[str, Any]) -> None:
+    if summary["num_failed"]:
+        print(f"{summary['policy']}: {summary['num_failed']} of {summary['num_requests']} "
+              "requests failed:")
+        for error, n in summary["failures"].items():
+            print(f"  {n:>5} x {error}")
+
+
+def write_json(path: str, obj: Any) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=2)
+        f.write("\n")
+
+
+def _warn(msg: str) -> None:
+    from tqdm.auto import tqdm
+
+    tqdm.write(f"warning: {msg}", file=sys.stderr)

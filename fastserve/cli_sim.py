@@ -1,0 +1,242 @@
+"""`fastserve sim`: replay a trace through the production scheduler on a simulated worker.
+
+Each policy runs the same requests on a cost model (published constants or a worker's profile)
+and one summary row per policy goes to stdout; progress goes to stderr. With ``--slo-search``,
+each policy's throughput at the paper's SLO (mean latency per output token under 10x one decode
+iteration) is searched over the given rates and compared with fcfs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import types
+import typing
+from pathlib import Path
+
+_TABLE = (  # (header, summary key, scale, format)
+    ("policy", "policy", None, "<16"),
+    ("req/s", "rate", 1.0, ">7.2f"),
+    ("n", "num_requests", None, ">7"),
+    ("JCT mean s", "mean_jct_s", 1.0, ">10.2f"),
+    ("p50", "p50_jct_s", 1.0, ">8.2f"),
+    ("p95", "p95_jct_s", 1.0, ">8.2f"),
+    ("p99", "p99_jct_s", 1.0, ">8.2f"),
+    ("TTFT mean s", "mean_ttft_s", 1.0, ">11.3f"),
+    ("p95", "p95_ttft_s", 1.0, ">8.3f"),
+    ("lat/tok ms", "mean_latency_per_token_s", 1e3, ">10.1f"),
+    ("p95", "p95_latency_per_token_s", 1e3, ">8.1f"),
+    ("tok/s", "throughput_tokens_s", 1.0, ">8.0f"),
+    ("preempt", "num_preemptions", None, ">8"),
+)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register the sim command."""
+    p = sub.add_parser("sim", help="simulate scheduling policies on a trace (no GPU, no model)",
+                       description=__doc__.splitlines()[0])
+    p.add_argument("--trace", required=True, metavar="FILE",
+                   help="trace file: Azure CSV, ShareGPT lengths CSV or .jsonl")
+    p.add_argument("--policy", default="fcfs", help="scheduling policy (default fcfs)")
+    p.add_argument("--policies", default=None, type=_str_list, metavar="A,B,C",
+                   help="several policies, one run each on the same requests (overrides --policy)")
+    p.add_argument("--rate", type=float, default=None,
+                   help="mean arrival rate, requests/s (default: the trace's own timestamps)")
+    p.add_argument("--num-requests", type=int, default=None,
+                   help="first N requests, or the trace repeated up to N")
+    cost = p.add_mutually_exclusive_group()
+    cost.add_argument("--cost-model", default="opt-13b-a100",
+                      help="published cost model (default opt-13b-a100)")
+    cost.add_argument("--profile", default=None, metavar="PROFILE.json",
+                      help="a worker's profile (worker_svc/profiler.py JSON) as the cost model")
+    p.add_argument("--num-blocks", type=int, default=4096, help="KV blocks (default 4096)")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-context", type=int, default=None,
+                   help="tokens per request at most (default: num_blocks * block_size)")
+    p.add_argument("--max-batch-size", type=int, default=64)
+    p.add_argument("--max-batched-tokens", type=int, default=None,
+                   help="prefill + decode tokens per iteration (default: the scheduler's)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
+                   help="any other scheduler setting, e.g. --set starve_limit_s=1 (repeatable)")
+    p.add_argument("--length-scale", type=float, default=1.0,
+                   help="divide every token length by this")
+    p.add_argument("--max-input", type=int, default=None)
+    p.add_argument("--max-output", type=int, default=None)
+    p.add_argument("--arrivals", choices=("poisson", "gamma"), default="poisson",
+                   help="synthesized arrivals for traces without timestamps")
+    p.add_argument("--cv", type=float, default=1.0, help="Gamma arrivals' coefficient of variation")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--slo-search", default=None, type=_float_list, metavar="R1,R2,...",
+                   help="also search throughput at the SLO over these rates (requests/s)")
+    p.add_argument("--slo", type=float, default=None, metavar="S",
+                   help="SLO, seconds per output token (default 10x one decode iteration)")
+    p.add_argument("--refine", type=int, default=2,
+                   help="bisection steps after the SLO grid search (default 2)")
+    p.add_argument("--json", default=None, metavar="OUT",
+                   help="write the list of per-policy summaries (with SLO results) as JSON")
+    p.set_defaults(func=run)
+
+
+def _str_list(text: str) -> list[str]:
+    return [s.strip() for s in text.split(",") if s.strip()]
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        return [float(s) for s in _str_list(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers like 1,2,4, got {text!r}") from None
+
+
+def load_profile_cost_model(path: str | Path):  # -> CostModel
+    """A ``CostModel`` from the JSON that ``worker_svc/profiler.py`` caches."""
+    from scheduler_svc.core.cost_model import CostModel
+
+    try:
+        data = json.loads(Path(path).read_text())
+        decode = [(p["batch_size"], p["time_s"]) for p in data["decode"]]
+        prefill = [(p["num_tokens"], p["time_s"]) for p in data["prefill"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not a worker profile ({type(e).__name__}: {e}); expected "
+                         '{"decode": [{"batch_size", "time_s"}...], '
+                         '"prefill": [{"num_tokens", "time_s"}...]}') from None
+    return CostModel.from_profile(decode, prefill, name=f"profile:{Path(path).stem}")
+
+
+def _parse_settings(items: list[str]) -> dict[str, object]:
+    """``KEY=VALUE`` strings -> SchedulerConfig keyword arguments, typed by the field."""
+    from scheduler_svc.core.config import SchedulerConfig
+
+    hints = typing.get_type_hints(SchedulerConfig)
+    out: dict[str, object] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in hints:
+            names = ", ".join(f.name for f in dataclasses.fields(SchedulerConfig))
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE with KEY one of {names}")
+        hint = hints[key]
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        optional = isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
+        kind = args[0] if optional and args else hint
+        if optional and value.strip().lower() in ("", "none"):
+            out[key] = None
+            continue
+        try:
+            out[key] = kind(value) if kind is not bool else value.lower() in ("1", "true", "yes")
+        except ValueError:
+            raise ValueError(f"--set {key}: expected {kind.__name__}, got {value!r}") from None
+    return out
+
+
+def _format_row(summary: dict) -> str:
+    cells = []
+    for _, key, scale, fmt in _TABLE:
+        v = summary[key]
+        cells.append(format(v * scale if scale is not None else v, fmt))
+    return " ".join(cells)
+
+
+def _header() -> str:
+    cells = []
+    for name, _, _, fmt in _TABLE:
+        width = int("".join(c for c in fmt.split(".")[0] if c.isdigit()))
+        cells.append(format(name, f"{fmt[0]}{width}"))
+    return " ".join(cells)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm.auto import tqdm
+
+    from fastserve.traces import load_trace
+    from scheduler_svc.core.config import SchedulerConfig
+    from scheduler_svc.core.cost_model import PUBLISHED
+    from scheduler_svc.core.policy import POLICIES
+    from scheduler_svc.sim import default_slo, simulate, throughput_at_slo
+
+    policies = args.policies or [args.policy]
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        print(f"fastserve sim: unknown policy {', '.join(unknown)}; registered: "
+              f"{', '.join(sorted(POLICIES))}", file=sys.stderr)
+        return 2
+    try:
+        if args.profile:
+            cost_model = load_profile_cost_model(args.profile)
+        elif args.cost_model in PUBLISHED:
+            cost_model = PUBLISHED[args.cost_model]
+        else:
+            raise ValueError(f"--cost-model must be one of {', '.join(sorted(PUBLISHED))}, "
+                             f"got {args.cost_model!r} (or give --profile)")
+        settings = _parse_settings(args.settings)
+        settings["max_batch_size"] = args.max_batch_size
+        if args.max_batched_tokens is not None:
+            settings["max_batched_tokens"] = args.max_batched_tokens
+        configs = {p: SchedulerConfig(**{**settings, "policy": p}) for p in policies}
+
+        def trace(rate: float | None) -> list:
+            return load_trace(args.trace, rate=rate, arrivals=args.arrivals, cv=args.cv,
+                              length_scale=args.length_scale, max_input=args.max_input,
+                              max_output=args.max_output, num_requests=args.num_requests,
+                              seed=args.seed)
+
+        requests = trace(args.rate)
+    except ValueError as e:
+        print(f"fastserve sim: {e}", file=sys.stderr)
+        return 2
+    sim = dict(cost_model=cost_model, num_blocks=args.num_blocks, block_size=args.block_size,
+               max_context=args.max_context)
+
+    rows: list[dict] = []
+    for policy in policies:
+        with tqdm(total=len(requests), desc=policy, unit="req", file=sys.stderr,
+                  leave=False) as bar:
+            result = simulate(requests, config=configs[policy], rate=args.rate,
+                              progress=bar.update, **sim)
+        if result.num_skipped or result.num_clipped:
+            print(f"{policy}: {result.num_skipped} requests skipped (prompt >= max context), "
+                  f"{result.num_clipped} outputs clipped to the max context", file=sys.stderr)
+        rows.append(result.summary())
+    print(f"trace {args.trace}  cost model {cost_model.name}  blocks {args.num_blocks} x "
+          f"{args.block_size}  max batch {args.max_batch_size}")
+    print(_header())
+    for row in rows:
+        print(_format_row(row))
+
+    if args.slo_search:
+        slo = args.slo if args.slo is not None else default_slo(cost_model)
+        searches = {}
+        for policy in policies:
+            with tqdm(desc=f"{policy} SLO search", unit="req", file=sys.stderr,
+                      leave=False) as bar:
+                searches[policy] = throughput_at_slo(
+                    trace, args.slo_search, slo, config=configs[policy],
+                    refine_steps=args.refine, progress=bar.update, **sim)
+        base = searches["fcfs"].rate if "fcfs" in searches else None
+        print(f"\nthroughput at the SLO (mean latency per token <= {slo * 1e3:.1f} ms), "
+              f"searched over {','.join(f'{r:g}' for r in args.slo_search)} req/s")
+        print(f"{'policy':<16} {'req/s at SLO':>12} {'vs fcfs':>8}  curve (req/s: ms/token)")
+        for policy, row in zip(policies, rows):
+            s = searches[policy]
+            ratio = s.rate / base if s.rate is not None and base else None
+            curve = ", ".join(f"{p.rate:g}: {p.mean_latency_per_token_s * 1e3:.0f}"
+                              for p in s.curve)
+            print(f"{policy:<16} {_fmt(s.rate, '>12.3f')} {_fmt(ratio, '>7.2f')}{'x' if ratio else ' '}"
+                  f"  {curve}")
+            row.update({
+                "slo_s_per_token": slo, "rate_at_slo": s.rate, "slo_ratio_vs_fcfs": ratio,
+                "slo_curve": [{"rate": p.rate,
+                               "mean_latency_per_token_s": p.mean_latency_per_token_s,
+                               "meets_slo": p.meets_slo} for p in s.curve],
+            })
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+    return 0
+
+
+def _fmt(value: float | None, fmt: str) -> str:
+    width = "".join(c for c in fmt.split(".")[0] if c.isdigit())
+    return format(value, fmt) if value is not None else format("-", f">{width}")

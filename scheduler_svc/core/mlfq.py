@@ -1,0 +1,121 @@
+"""Skip-join multi-level feedback queue (FastServe, section 2) and naive MLFQ.
+
+| rule        | what happens                                                                 |
+|-------------|------------------------------------------------------------------------------|
+| quanta      | Q1 = minimal iteration time; Q(i+1) = ratio x Q(i)                           |
+| arrival     | skip-join: the highest queue whose quantum covers the job's first iteration  |
+|             | (its first prefill chunk, predicted by the cost model); naive MLFQ: Q1       |
+| charge      | every job in an iteration is charged the iteration's measured time           |
+| demotion    | service in its queue > quantum: to the first lower queue whose quantum       |
+|             | covers its next iteration, at the tail, service reset                        |
+| head return | a job that ran and was not demoted goes back to the head of its queue        |
+| promotion   | a job that has not run for starve_limit goes to the tail of Q1               |
+| order       | Q1 first, FCFS by arrival into the queue                                     |
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.cost_model import CostModel
+from scheduler_svc.core.job import Job
+from scheduler_svc.core.policy import Policy, register
+
+
+@register
+class SkipJoinMLFQ(Policy):
+    name = "skip-join-mlfq"
+    needs_cost_model = True
+    skip_join = True
+
+    def __init__(self, config: SchedulerConfig, cost_model: CostModel | None = None):
+        super().__init__(config, cost_model)
+        assert cost_model is not None
+        q1 = config.mlfq_q1_quantum_s or cost_model.min_iteration_time
+        self.quanta = [q1 * config.mlfq_ratio ** i for i in range(config.mlfq_num_queues)]
+        self._queues: list[OrderedDict[int, Job]] = [
+            OrderedDict() for _ in range(config.mlfq_num_queues)
+        ]
+        self.level: dict[int, int] = {}
+        self.service: dict[int, float] = {}
+        self.last_run: dict[int, float] = {}  # last time it ran, or arrived / was promoted
+
+    def next_iteration_time(self, job: Job) -> float:
+        """Predicted time of the job's next iteration: a prefill chunk or one decode."""
+        assert self.cost_model is not None
+        pending = job.num_pending
+        if pending <= 1:
+            return self.cost_model.decode_time(1)
+        return self.cost_model.prefill_time(min(pending, self.config.max_batched_tokens))
+
+    def level_for(self, t: float, start: int = 0) -> int:
+        """The first queue at or below ``start`` whose quantum covers ``t``."""
+        for i in range(start, len(self.quanta)):
+            if self.quanta[i] >= t:
+                return i
+        return len(self.quanta) - 1
+
+    def add(self, job: Job, now: float) -> None:
+        lvl = self.level_for(self.next_iteration_time(job)) if self.skip_join else 0
+        self._place(job, lvl)
+        self.last_run[job.job_id] = now
+
+    def _place(self, job: Job, lvl: int) -> None:
+        self.level[job.job_id] = lvl
+        self.service[job.job_id] = 0.0
+        self._queues[lvl][job.job_id] = job
+
+    def remove(self, job: Job) -> None:
+        lvl = self.level.pop(job.job_id, None)
+        if lvl is not None:
+            del self._queues[lvl][job.job_id]
+            del self.service[job.job_id]
+            del self.last_run[job.job_id]
+
+    def order(self, now: float) -> list[Job]:
+        self._promote_starving(now)
+        out: list[Job] = []
+        for q in self._queues:
+            out.extend(q.values())
+        return out
+
+    def _promote_starving(self, now: float) -> None:
+        limit = self.config.starve_limit_s
+        for lvl in range(1, len(self._queues)):
+            q = self._queues[lvl]
+            starving = [j for jid, j in q.items() if now - self.last_run[jid] > limit]
+            for job in starving:
+                del q[job.job_id]
+                self._place(job, 0)
+                self.last_run[job.job_id] = now
+                self.num_promotions += 1
+
+    def on_iteration(self, ran: list[Job], elapsed_s: float, now: float) -> None:
+        stay: list[Job] = []
+        for job in ran:
+            jid = job.job_id
+            if jid not in self.level:
+                continue
+            self.last_run[jid] = now
+            self.service[jid] += elapsed_s
+            lvl = self.level[jid]
+            if self.service[jid] > self.quanta[lvl] and lvl < len(self.quanta) - 1:
+                del self._queues[lvl][jid]
+                self._place(job, self.level_for(self.next_iteration_time(job), lvl + 1))
+                self.num_demotions += 1
+            else:
+                stay.append(job)
+        for job in reversed(stay):  # back to the head, keeping their batch order
+            self._queues[self.level[job.job_id]].move_to_end(job.job_id, last=False)
+
+    def queues(self) -> list[tuple[str, int]]:
+        return [(f"Q{i + 1}", len(q)) for i, q in enumerate(self._queues)]
+
+
+@register
+class NaiveMLFQ(SkipJoinMLFQ):
+    """Every arrival joins Q1, whatever its prompt (the baseline skip-join improves on)."""
+
+    name = "mlfq"
+    skip_join = False

@@ -1,0 +1,21 @@
+"""Simulation of the scheduler on a cost model instead of a worker (pure Python, no torch).
+
+``simulate`` runs a trace through the production ``SchedulerCore`` and policy; ``summarize``
+computes the figures the real-cluster benchmark reports too; ``throughput_at_slo`` searches the
+highest arrival rate that meets the paper's per-token latency SLO.
+"""
+
+from scheduler_svc.sim.metrics import SUMMARY_KEYS, RequestRecord, percentile, summarize
+from scheduler_svc.sim.simulator import (
+    SimResult,
+    SloPoint,
+    SloSearch,
+    default_slo,
+    simulate,
+    throughput_at_slo,
+)
+
+__all__ = [
+    "SUMMARY_KEYS", "RequestRecord", "SimResult", "SloPoint", "SloSearch", "default_slo",
+    "percentile", "simulate", "summarize", "throughput_at_slo",
+]

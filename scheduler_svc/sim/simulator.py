@@ -1,0 +1,273 @@
+"""A discrete-event simulator of one worker, driving the production ``SchedulerCore``.
+
+The scheduler core and the policy are the exact objects the service runs; only the worker is
+replaced: each iteration "computes" its plan in the time the cost model predicts, answers every
+command that completes a job's known tokens with a token, and the clock jumps to the end of the
+iteration. No torch, gRPC or wall-clock time, so a trace of 100,000 requests runs in seconds to
+minutes and the same inputs always give the same figures.
+
+Event order, matching the service (``scheduler_svc/loop.py``):
+
+| step | service                                   | simulator                                  |
+|------|-------------------------------------------|--------------------------------------------|
+| 1    | ``schedule(now)``                         | ``schedule(now)`` (idle: jump to the next arrival) |
+| 2    | the worker computes (requests keep arriving, ``add(job, t_arrival)``) | ``t = cost_model.iteration_time(...)``; arrivals up to ``now + t`` are added at their own times |
+| 3    | ``update(plan, result, t_end)``           | ``update(plan, result, now + t)``          |
+
+Every request is admitted (no ``max_waiting`` refusal): a benchmark client would retry, and a
+refused request would silently drop out of the figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.cost_model import CostModel
+from scheduler_svc.core.job import Job
+from scheduler_svc.core.scheduler import SchedulerCore, StepResult, TokenResult
+from scheduler_svc.sim.metrics import RequestRecord, summarize
+
+# The token every simulated job samples; its value is irrelevant (jobs ignore EOS).
+SIM_TOKEN = 0
+
+
+class RequestLike(Protocol):
+    """A trace request (``fastserve.traces.TraceRequest`` or anything with these fields)."""
+
+    @property
+    def arrival_s(self) -> float: ...
+    @property
+    def input_tokens(self) -> int: ...
+    @property
+    def output_tokens(self) -> int: ...
+
+
+@dataclass
+class SimResult:
+    """What one simulation produced: a record per completed request, plus core counters."""
+
+    policy: str
+    cost_model: str
+    rate: float | None  # the offered rate the trace was generated at (None: measure it)
+    records: list[RequestRecord]  # in arrival order; skipped requests have none
+    num_iterations: int  # iterations that computed tokens
+    num_preemptions: int
+    num_skipped: int = 0  # prompt alone does not fit in max_context
+    num_clipped: int = 0  # output shortened to fit in max_context
+    sim_end_s: float = 0.0
+
+    def summary(self) -> dict:
+        """``summarize()``'s keys, then num_preemptions, num_iterations and cost_model."""
+        out = summarize(self.records, self.policy, self.rate)
+        out["num_preemptions"] = self.num_preemptions
+        out["num_iterations"] = self.num_iterations
+        out["cost_model"] = self.cost_model
+        return out
+
+
+@dataclass(frozen=True)
+class _Spec:
+    arrival_s: float
+    input_tokens: int
+    output_tokens: int
+
+
+def _fit(requests: Iterable[RequestLike], max_context: int) -> tuple[list[_Spec], int, int]:
+    """Requests sorted by arrival, clipped to ``max_context``; (specs, skipped, clipped).
+
+    A job holds at most ``input + output`` tokens and the core finishes it at ``max_context``,
+    so the output is clipped to ``max_context - input``; a prompt of ``max_context`` tokens or
+    more cannot be admitted at all and is skipped.
+    """
+    specs, skipped, clipped = [], 0, 0
+    for r in sorted(requests, key=lambda r: r.arrival_s):
+        inp = max(1, int(r.input_tokens))
+        out = max(1, int(r.output_tokens))
+        if inp >= max_context:
+            skipped += 1
+            continue
+        if inp + out > max_context:
+            out = max_context - inp
+            clipped += 1
+        specs.append(_Spec(float(r.arrival_s), inp, out))
+    return specs, skipped, clipped
+
+
+def simulate(
+    requests: Iterable[RequestLike],
+    *,
+    config: SchedulerConfig,
+    cost_model: CostModel,
+    num_blocks: int,
+    block_size: int = 16,
+    max_context: int | None = None,
+    rate: float | None = None,
+    progress: Callable[[int], None] | None = None,
+    check_invariants: bool = False,
+) -> SimResult:
+    """Run ``requests`` through a ``SchedulerCore`` with ``config.policy`` on one simulated worker.
+
+    ``max_context`` defaults to the whole KV pool (``num_blocks * block_size``); ``rate`` only
+    labels the summary; ``progress(n)`` is told each time n more requests finish (tqdm's
+    ``update``); ``check_invariants`` runs the core's block check after every iteration (slow,
+    for tests).
+    """
+    pool_tokens = num_blocks * block_size
+    if max_context is None:
+        max_context = pool_tokens
+    if not 2 <= max_context <= pool_tokens:
+        raise ValueError(
+            f"max_context must be in [2, num_blocks * block_size = {pool_tokens}], "
+            f"got {max_context}: a job that cannot hold its whole context in the pool never ends"
+        )
+    specs, skipped, clipped = _fit(requests, max_context)
+    core = SchedulerCore(config, num_blocks, block_size, max_context, cost_model=cost_model)
+    records: list[RequestRecord | None] = [None] * len(specs)
+    iteration_time = cost_model.iteration_time
+    num_iterations = 0
+    next_i, num_specs = 0, len(specs)
+    now = specs[0].arrival_s if specs else 0.0
+
+    def admit_until(t: float) -> None:
+        nonlocal next_i
+        while next_i < num_specs and specs[next_i].arrival_s <= t:
+            s = specs[next_i]
+            job = Job(next_i, [1] * s.input_tokens, s.output_tokens, s.arrival_s,
+                      ignore_eos=True)
+            core.add(job, s.arrival_s)
+            next_i += 1
+
+    while True:
+        admit_until(now)
+        plan = core.schedule(now) if core.has_work() else None
+        if plan is None:
+            if next_i < num_specs:
+                now = max(now, specs[next_i].arrival_s)
+                continue
+            if core.jobs:
+                raise RuntimeError(
+                    f"simulation stalled at t={now:.3f} s with {len(core.jobs)} jobs that cannot "
+                    f"be scheduled (num_blocks={num_blocks}, block_size={block_size})"
+                )
+            break
+        # Answer like a worker: a job samples in the iteration that computes its last known
+        # token. plan.batch and plan.commands are built together, one entry per job.
+        num_decodes = prefill_tokens = 0
+        results = []
+        for cmd, job in zip(plan.commands, plan.batch):
+            n = cmd.num_tokens
+            if n == 1:
+                num_decodes += 1
+            else:
+                prefill_tokens += n
+            done = job.num_computed + n
+            token = SIM_TOKEN if done == len(job.prompt) + len(job.output) else None
+            results.append(TokenResult(cmd.job_id, done, token))
+        if plan.batch:
+            t = iteration_time(num_decodes, prefill_tokens)
+            num_iterations += 1
+        else:  # only frees: the worker computes nothing
+            t = 0.0
+        end = now + t
+        admit_until(end)  # arrived while the iteration ran, as in the service
+        num_done = 0
+        for u in core.update(plan, StepResult(results, [], t), end):
+            if u.finished:
+                job = u.job
+                s = specs[job.job_id]
+                records[job.job_id] = RequestRecord(
+                    s.arrival_s, job.first_token_time, job.finish_time, s.input_tokens,
+                    len(job.output))
+                num_done += 1
+        if check_invariants:
+            core.check_invariants()
+        if progress is not None and num_done:
+            progress(num_done)
+        now = end
+    done_records = [r for r in records if r is not None]
+    assert len(done_records) == num_specs, f"{num_specs - len(done_records)} requests unfinished"
+    return SimResult(
+        policy=config.policy, cost_model=cost_model.name, rate=rate, records=done_records,
+        num_iterations=num_iterations, num_preemptions=core.num_preemptions,
+        num_skipped=skipped, num_clipped=clipped, sim_end_s=now,
+    )
+
+
+# ---- throughput at an SLO -------------------------------------------------------------------
+@dataclass(frozen=True)
+class SloPoint:
+    rate: float
+    mean_latency_per_token_s: float
+    meets_slo: bool
+    summary: dict
+
+
+@dataclass
+class SloSearch:
+    """``rate``: the highest rate tried whose mean latency per token met the SLO (None: none)."""
+
+    policy: str
+    slo_s_per_token: float
+    rate: float | None
+    curve: list[SloPoint] = field(default_factory=list)  # by rate
+
+
+def default_slo(cost_model: CostModel) -> float:
+    """The paper's SLO: mean latency per output token under 10x one decode iteration."""
+    return 10.0 * cost_model.min_iteration_time
+
+
+def throughput_at_slo(
+    requests_fn: Callable[[float], Sequence[RequestLike]],
+    rates: Iterable[float],
+    slo_s_per_token: float | None = None,
+    *,
+    config: SchedulerConfig,
+    cost_model: CostModel,
+    num_blocks: int,
+    block_size: int = 16,
+    max_context: int | None = None,
+    refine_steps: int = 0,
+    stop_at_first_miss: bool = True,
+    progress: Callable[[int], None] | None = None,
+) -> SloSearch:
+    """The highest arrival rate whose mean latency per output token stays under the SLO.
+
+    A grid search over ``rates`` (ascending; ``requests_fn(rate)`` builds the trace at each),
+    then ``refine_steps`` bisections between the best passing rate and the first failing one.
+    Past the knee every job queues, so by default the grid stops at the first miss: those runs
+    are the slowest to simulate and cannot change the answer when latency grows with load.
+    """
+    slo = default_slo(cost_model) if slo_s_per_token is None else slo_s_per_token
+    search = SloSearch(config.policy, slo, None)
+
+    def run(rate: float) -> bool:
+        result = simulate(requests_fn(rate), config=config, cost_model=cost_model,
+                          num_blocks=num_blocks, block_size=block_size,
+                          max_context=max_context, rate=rate, progress=progress)
+        s = result.summary()
+        ok = s["mean_latency_per_token_s"] <= slo
+        search.curve.append(SloPoint(rate, s["mean_latency_per_token_s"], ok, s))
+        if ok and (search.rate is None or rate > search.rate):
+            search.rate = rate
+        return ok
+
+    first_miss = None
+    for rate in sorted(rates):
+        if not run(rate) and first_miss is None:
+            first_miss = rate
+            if stop_at_first_miss:
+                break
+    if first_miss is not None and search.rate is not None and search.rate < first_miss:
+        lo, hi = search.rate, first_miss
+        for _ in range(refine_steps):
+            mid = (lo + hi) / 2
+            if run(mid):
+                lo = mid
+            else:
+                hi = mid
+    search.curve.sort(key=lambda p: p.rate)
+    return search

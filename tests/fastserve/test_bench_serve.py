@@ -1,0 +1,115 @@
+"""`fastserve bench compare` end to end: real worker and scheduler processes on a tiny
+random-weight model with SmolLM2's tokenizer, a 30-request JSONL trace, two policies."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from fastserve.bench import serve as bench_serve
+from fastserve.cli import main
+from fastserve.traces import TraceRequest
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    """A 2-layer random Llama with the default model's vocabulary and tokenizer files."""
+    from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM
+
+    from fastserve.models import DEFAULT_MODEL, resolve_model
+
+    src_dir = resolve_model(DEFAULT_MODEL)
+    src = AutoConfig.from_pretrained(src_dir)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=src.vocab_size, hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                      max_position_embeddings=2048, tie_word_embeddings=True,
+                      eos_token_id=src.eos_token_id, bos_token_id=src.bos_token_id)
+    path = tmp_path_factory.mktemp("tiny-bench-model")
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    for f in src_dir.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
+            shutil.copy(f, path / f.name)
+    return path
+
+
+def test_summarize_counts_failures_and_computes_the_figures():
+    records = [
+        {"arrival": 0.0, "first_token": 0.5, "finish": 2.0, "input_tokens": 4,
+         "output_tokens": 4, "error": None},
+        {"arrival": 1.0, "first_token": 1.5, "finish": 5.0, "input_tokens": 4,
+         "output_tokens": 2, "error": None},
+        {"arrival": 2.0, "first_token": None, "finish": None, "input_tokens": 4,
+         "output_tokens": 0, "error": "RESOURCE_EXHAUSTED: full"},
+    ]
+    s = bench_serve.summarize(records, "fcfs", 1.0)
+    assert set(bench_serve.SUMMARY_KEYS) <= set(s)
+    assert (s["num_requests"], s["num_completed"], s["num_failed"]) == (3, 2, 1)
+    assert s["mean_jct_s"] == pytest.approx(3.0)
+    assert s["mean_ttft_s"] == pytest.approx(0.5)
+    assert s["mean_latency_per_token_s"] == pytest.approx((0.5 + 2.0) / 2)
+    assert s["makespan_s"] == pytest.approx(5.0)
+    assert s["throughput_tokens_s"] == pytest.approx(6 / 5)
+    assert s["throughput_requests_s"] == pytest.approx(2 / 5)
+
+
+def test_prompts_have_exactly_the_input_length_and_repeat_with_the_seed():
+    trace = [TraceRequest(0.0, 5, 1), TraceRequest(1.0, 17, 2)]
+    a, b = bench_serve.make_prompts(trace, 3), bench_serve.make_prompts(trace, 3)
+    assert [len(p) for p in a] == [5, 17] and a == b
+    assert all(1000 <= t < 30000 for p in a for t in p)
+    assert bench_serve.make_prompts(trace, 4) != a
+
+
+def test_bench_compare_end_to_end(tiny_model, tmp_path, capsys):
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(
+        json.dumps({"arrival_s": i * 0.05, "input_tokens": 8 + (i * 7) % 40,
+                    "output_tokens": 2 + (i * 5) % 12}) + "\n" for i in range(30)))
+    out_dir, out = tmp_path / "out", tmp_path / "summaries.json"
+    rc = main(["--log-level", "WARNING", "bench", "compare", "--policies", "fcfs,rtc",
+               "--trace", str(trace), "--model", str(tiny_model), "--kv-blocks", "256",
+               "--out-dir", str(out_dir), "--json", str(out), "--no-progress",
+               "--timeout-s", "60"])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    summaries = json.loads(out.read_text())
+    assert [s["policy"] for s in summaries] == ["fcfs", "rtc"]
+    assert [s["scheduler_policy"] for s in summaries] == ["fcfs", "rtc"]
+    for s in summaries:
+        assert (s["num_requests"], s["num_completed"], s["num_failed"]) == (30, 30, 0)
+        assert set(bench_serve.SUMMARY_KEYS) <= set(s)
+        assert 0 < s["p50_jct_s"] <= s["p95_jct_s"] <= s["p99_jct_s"]
+        assert s["throughput_tokens_s"] > 0
+    for policy in ("fcfs", "rtc"):
+        run = json.loads((out_dir / f"{policy}_ratetrace.json").read_text())
+        reqs = run["requests"]
+        assert len(reqs) == 30 and all(r["error"] is None for r in reqs)
+        # ignore_eos and max_tokens = output_tokens: every request gets exactly its length.
+        assert [r["output_tokens"] for r in reqs] == [2 + (i * 5) % 12 for i in range(30)]
+        assert all(r["arrival"] <= r["sent"] <= r["first_token"] <= r["finish"] for r in reqs)
+    assert "fcfs" in printed and "rtc" in printed and "JCT mean/fcfs" in printed
+    png = out_dir / "jct_cdf.png"
+    assert png.exists() and png.stat().st_size > 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_serve_reports_an_unreachable_scheduler(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"arrival_s": 0, "input_tokens": 4, "output_tokens": 2}\n')
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    bench_serve.STATUS_TIMEOUT_S, old = 2.0, bench_serve.STATUS_TIMEOUT_S
+    try:
+        rc = main(["bench", "serve", "--trace", str(trace), "--address", f"127.0.0.1:{port}",
+                   "--no-progress"])
+    finally:
+        bench_serve.STATUS_TIMEOUT_S = old
+    assert rc == 1
+    assert "cannot reach the scheduler" in capsys.readouterr().err

@@ -1,0 +1,168 @@
+"""Skip-join MLFQ and the baselines: every rule, by example and by property."""
+
+from __future__ import annotations
+
+import pytest
+from core_driver import LINEAR, iteration_cost, make_core, make_job, run_step
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler_svc.core.mlfq import SkipJoinMLFQ
+
+
+def mlfq_core(policy="skip-join-mlfq", **kw):
+    kw.setdefault("num_blocks", 4096)
+    kw.setdefault("max_context", 4096)
+    return make_core(cost_model=LINEAR, policy=policy, **kw)
+
+
+def test_quanta_from_the_profile():
+    core = mlfq_core(mlfq_num_queues=5, mlfq_ratio=3.0)
+    assert core.policy.quanta == pytest.approx([0.01, 0.03, 0.09, 0.27, 0.81])
+    core = mlfq_core(mlfq_q1_quantum_s=0.5)
+    assert core.policy.quanta[0] == 0.5
+
+
+@pytest.mark.parametrize("prompt_len, level", [(1, 0), (5, 1), (20, 2), (31, 2), (32, 3),
+                                               (200, 5), (500, 6), (5000, 6)])
+def test_skip_join_places_by_predicted_prefill_time(prompt_len, level):
+    # Prefill of n tokens: 10 ms + (n-1) ms under LINEAR; quanta 10, 20, 40, 80... ms; a prompt
+    # over the 512-token budget is placed by its first chunk.
+    core = mlfq_core(max_batched_tokens=512, max_context=8192)
+    core.add(make_job(1, prompt_len=prompt_len), 0.0)
+    assert core.policy.level[1] == level
+
+
+def test_naive_mlfq_puts_everyone_in_q1():
+    core = mlfq_core(policy="mlfq")
+    core.add(make_job(1, prompt_len=900), 0.0)
+    assert core.policy.level[1] == 0
+
+
+def test_demotion_when_service_exceeds_quantum_then_head_return():
+    core = mlfq_core(max_batch_size=1)
+    core.add(make_job(1, prompt_len=1, max_tokens=50), 0.0)  # Q1 (10 ms)
+    core.add(make_job(2, prompt_len=1, max_tokens=50), 0.0)
+    plan, _ = run_step(core, 0.0, elapsed=0.008)  # 8 ms <= 10 ms: stays, back at the head
+    assert [j.job_id for j in plan.batch] == [1] and core.policy.level[1] == 0
+    plan, _ = run_step(core, 0.1, elapsed=0.008)  # 16 ms > 10 ms: demoted to Q2's tail
+    assert [j.job_id for j in plan.batch] == [1]
+    assert core.policy.level[1] == 1 and core.policy.num_demotions == 1
+    plan, _ = run_step(core, 0.2, elapsed=0.008)
+    assert [j.job_id for j in plan.batch] == [2]  # job 2 (Q1) now goes first: job 1 preempted
+    assert core.stats().num_preemptions >= 1
+
+
+def test_demotion_skips_queues_too_small_for_the_next_iteration():
+    core = mlfq_core(max_batched_tokens=64)
+    core.add(make_job(1, prompt_len=200, max_tokens=5), 0.0)  # first chunk 64 tok = 73 ms: Q3
+    assert core.policy.level[1] == 3
+    run_step(core, 0.0, elapsed=0.2)  # > 80 ms quantum; next chunk still 73 ms -> Q4 (160 ms)
+    assert core.policy.level[1] == 4
+
+
+def test_starving_job_is_promoted_to_q1():
+    core = mlfq_core(max_batch_size=1, starve_limit_s=1.0)
+    core.add(make_job(1, prompt_len=300, max_tokens=5), 0.0)  # low queue
+    t = 0.0
+    for i in range(2, 400):  # a stream of short jobs keeps Q1 busy
+        core.add(make_job(i, prompt_len=1, max_tokens=3), t)
+        run_step(core, t, elapsed=0.01)
+        t += 0.01
+        if core.policy.num_promotions:
+            break
+    assert core.policy.num_promotions == 1 and 0.99 < t < 1.1
+    assert core.policy.level.get(1) == 0
+
+
+def test_fixed_priority_runs_shortest_prompt_first():
+    core = make_core(policy="fixed-priority", max_batch_size=1, num_blocks=1024)
+    for i, n in enumerate([30, 5, 12]):
+        core.add(make_job(i, prompt_len=n, max_tokens=1), 0.0)
+    order = [run_step(core, t)[0].batch[0].job_id for t in range(3)]
+    assert order == [1, 2, 0]
+
+
+def test_srpt_oracle_runs_shortest_remaining_output_first():
+    core = make_core(policy="srpt-oracle", max_batch_size=1, num_blocks=1024)
+    for i, n in enumerate([9, 2, 5]):
+        core.add(make_job(i, prompt_len=3, max_tokens=n), 0.0)
+    first = [run_step(core, t)[0].batch[0].job_id for t in range(3)]
+    assert first == [1, 1, 2]
+
+
+jobs_strategy = st.lists(
+    st.tuples(st.integers(1, 300), st.integers(1, 40), st.floats(0, 2.0)),  # prompt, out, t
+    min_size=1, max_size=25,
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(jobs=jobs_strategy, policy=st.sampled_from(["skip-join-mlfq", "mlfq"]),
+       batch=st.integers(1, 8), budget=st.integers(16, 256), blocks=st.integers(40, 400),
+       starve=st.floats(0.05, 1.0))
+def test_every_rule_holds_and_every_job_finishes(jobs, policy, batch, budget, blocks, starve):
+    core = make_core(cost_model=LINEAR, policy=policy, max_batch_size=batch,
+                     max_batched_tokens=budget, num_blocks=blocks, block_size=4,
+                     max_context=blocks * 4, starve_limit_s=starve, watermark=0.0)
+    pol: SkipJoinMLFQ = core.policy
+    arrivals = sorted(jobs, key=lambda j: j[2])
+    arrivals = [(p, o, a) for p, o, a in arrivals if p + o <= blocks * 4 - 1]
+    pending = list(enumerate(arrivals))
+    t, finished, iterations = 0.0, set(), 0
+    while pending or core.has_work():
+        while pending and pending[0][1][2] <= t:
+            i, (p, o, a) = pending.pop(0)
+            job = make_job(i, prompt_len=p, max_tokens=o, now=t)
+            core.add(job, t)
+            # Skip-join placement: the first queue whose quantum covers the first chunk.
+            first = LINEAR.prefill_time(min(p, budget)) if p > 1 else LINEAR.decode_time(1)
+            expected = pol.level_for(first) if policy == "skip-join-mlfq" else 0
+            assert pol.level[i] == expected
+        plan = core.schedule(t)
+        # Promotion happens as the batch is formed: outside Q1, nobody has waited longer than
+        # starve_limit, so no job waits more than starve_limit plus one iteration.
+        for jid in pol.level:
+            assert t - pol.last_run[jid] <= starve or pol.level[jid] == 0
+        if plan is None:
+            t = pending[0][1][2] if pending else t + 0.01
+            continue
+        before = {j: (pol.level[j], pol.service[j]) for j in pol.level}
+        # Batch budgets.
+        assert len(plan.batch) <= batch
+        assert plan.num_batched_tokens <= budget
+        assert core.allocator.num_used <= blocks
+        elapsed = iteration_cost(core, plan)
+        _, updates = run_step_with(core, plan, t, elapsed)
+        t += elapsed
+        iterations += 1
+        finished |= {u.job.job_id for u in updates if u.finished}
+        for job in plan.batch:  # demotion thresholds and targets, and head return
+            jid = job.job_id
+            if jid not in pol.level:
+                continue
+            lvl, service = before[jid]
+            if service + elapsed > pol.quanta[lvl] and lvl < len(pol.quanta) - 1:
+                assert pol.level[jid] > lvl
+                assert pol.quanta[pol.level[jid]] >= pol.next_iteration_time(job) or \
+                    pol.level[jid] == len(pol.quanta) - 1
+            else:
+                assert pol.level[jid] == lvl
+        assert iterations < 20000
+    assert finished == set(range(len(arrivals)))
+    assert core.allocator.num_free == blocks
+
+
+def run_step_with(core, plan, now, elapsed):
+    """Answer an already-made plan like a worker (see core_driver.run_step)."""
+    from scheduler_svc.core.scheduler import StepResult, TokenResult
+
+    results = []
+    for cmd in plan.commands:
+        job = core.jobs[cmd.job_id]
+        done = job.num_computed + cmd.num_tokens
+        tok = 7 if done == job.num_tokens else None
+        results.append(TokenResult(cmd.job_id, done, tok, -0.5 if tok is not None else None))
+    updates = core.update(plan, StepResult(results, [], elapsed), now + elapsed)
+    core.check_invariants()
+    return plan, updates
