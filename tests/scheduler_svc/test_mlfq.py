@@ -166,3 +166,25 @@ def run_step_with(core, plan, now, elapsed):
     updates = core.update(plan, StepResult(results, [], elapsed), now + elapsed)
     core.check_invariants()
     return plan, updates
+
+
+@settings(max_examples=40, deadline=None)
+@given(jobs=jobs_strategy, batch=st.integers(1, 8), blocks=st.integers(40, 200),
+       policy=st.sampled_from(["fcfs", "rtc", "mlfq", "skip-join-mlfq", "fixed-priority",
+                               "srpt-oracle"]))
+def test_every_policy_finishes_every_job_under_memory_pressure(jobs, batch, blocks, policy):
+    core = make_core(cost_model=LINEAR, policy=policy, max_batch_size=batch,
+                     max_batched_tokens=64, num_blocks=blocks, block_size=4,
+                     max_context=blocks * 4, starve_limit_s=0.2)
+    fitting = [(p, o) for p, o, _ in jobs if p + o <= blocks * 4 - 1]
+    for i, (p, o) in enumerate(fitting):
+        core.add(make_job(i, prompt_len=p, max_tokens=o), 0.0)
+    t, done, iterations = 0.0, set(), 0
+    while core.has_work():
+        plan, updates = run_step(core, t, elapsed=0.02)
+        assert plan is not None, "work left but nothing scheduled: deadlock"
+        done |= {u.job.job_id for u in updates if u.finished}
+        t += 0.02
+        iterations += 1
+        assert iterations < 20000, "no progress: livelock"
+    assert done == set(range(len(fitting))) and core.allocator.num_free == blocks
