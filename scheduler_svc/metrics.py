@@ -12,12 +12,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from typing import Protocol
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from fastserve.metrics_endpoint import MetricsEndpoint
 from scheduler_svc.core.job import Job
 from scheduler_svc.core.scheduler import SchedulerCore, Stats
 from scheduler_svc.loop import IterationStats
@@ -43,7 +43,7 @@ class LoopView(Protocol):
     def ready(self) -> bool: ...
 
 
-class SchedulerMetrics:
+class SchedulerMetrics(MetricsEndpoint):
     """Prometheus metrics of one scheduler, in a registry of its own.
 
     Wiring: pass ``observe_iteration`` as each WorkerLoop's ``on_iteration`` and
@@ -55,8 +55,7 @@ class SchedulerMetrics:
         self.policy = policy
         self.model_name = model_name
         self.port: int | None = None  # set by the caller to what serve() returned
-        self.registry = CollectorRegistry()
-        self._server: WSGIServer | None = None
+        super().__init__()
         r = self.registry
         self.requests = Counter("fastserve:requests", "Finished requests by finish reason.",
                                 ["finish_reason"], registry=r)
@@ -115,19 +114,6 @@ class SchedulerMetrics:
             n = len(job.output)
             if n > 1 and job.first_token_time is not None:
                 self.tpot.observe((job.finish_time - job.first_token_time) / (n - 1))
-
-    def serve(self, port: int) -> int:
-        """Serve ``/metrics`` over HTTP on 0.0.0.0:``port`` (0 picks one); returns the port."""
-        server, _ = start_http_server(port, addr="0.0.0.0", registry=self.registry)
-        self._server = server
-        return server.server_port
-
-    def close(self) -> None:
-        """Stop the HTTP server, if serving."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
 
 
 class _LoopCollector(Collector):

@@ -7,12 +7,12 @@ from the engine when Prometheus scrapes, so no background thread polls it.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from fastserve.metrics_endpoint import MetricsEndpoint
 from worker_svc.engine import Engine, StepOutcome
 
 # One engine step: a tiny model's decode on a GPU (~1 ms) to a long prefill on a CPU.
@@ -21,7 +21,7 @@ STEP_BUCKETS = (0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.0
 TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
-class WorkerMetrics:
+class WorkerMetrics(MetricsEndpoint):
     """Prometheus metrics of one worker, in a registry of its own.
 
     Pass ``observe_step`` as the servicer's ``on_step`` hook and call ``serve(port)`` to
@@ -30,8 +30,7 @@ class WorkerMetrics:
 
     def __init__(self, engine: Engine):
         self.engine = engine
-        self.registry = CollectorRegistry()
-        self._server: WSGIServer | None = None
+        super().__init__()
         r = self.registry
         self.compute = Histogram("fastserve:worker_step_compute_seconds",
                                  "Engine compute time of one Step.",
@@ -54,19 +53,6 @@ class WorkerMetrics:
         self.batch_tokens.observe(num_tokens)
         for err in outcome.errors:
             self.job_errors.labels(code=err.code.name.lower()).inc()
-
-    def serve(self, port: int) -> int:
-        """Serve ``/metrics`` over HTTP on 0.0.0.0:``port`` (0 picks one); returns the port."""
-        server, _ = start_http_server(port, addr="0.0.0.0", registry=self.registry)
-        self._server = server
-        return server.server_port
-
-    def close(self) -> None:
-        """Stop the HTTP server, if serving."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
 
 
 class _EngineCollector(Collector):
