@@ -158,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
     summaries: list[dict[str, Any]] = []
     jcts: dict[float | None, dict[str, list[float]]] = {}
     infos = {}
+    errors: list[str] = []
     try:
         for rate, trace in traces.items():
             info = infos[rate] = describe(trace)
@@ -171,6 +172,11 @@ def run(args: argparse.Namespace) -> int:
                         address, trace, prompts, timeout_s=args.timeout_s, warmup=args.warmup,
                         progress=not args.no_progress,
                         desc=f"{policy} @ {bench_serve._fmt(label)} req/s")
+                except (ChildFailed, ConnectionError) as e:
+                    # The other runs still count; this one is reported, and the exit code is 1.
+                    errors.append(f"{policy} at rate {_rate_tag(rate)}: {e}")
+                    bench_serve._warn(errors[-1])
+                    continue
                 finally:
                     cluster.stop_scheduler()
                 summary = bench_serve.bench_summary(result, label)
@@ -183,9 +189,6 @@ def run(args: argparse.Namespace) -> int:
                     "summary": summary, "requests": result["requests"], "trace": info,
                     "config": _config(args, rate, model, cluster, policy, result["status"]),
                 })
-    except (ChildFailed, ConnectionError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
     finally:
         cluster.close()
 
@@ -200,9 +203,11 @@ def run(args: argparse.Namespace) -> int:
     bench_serve.write_json(str(out_dir / "summaries.json"), summaries)
     if args.json:
         bench_serve.write_json(args.json, summaries)
-    if not args.no_plots:
+    if not args.no_plots and summaries:
         _plots(args, out_dir, rates, jcts, summaries)
-    return 0 if all(s["num_failed"] == 0 for s in summaries) else 1
+    for error in errors:
+        print(f"error: {error}", file=sys.stderr)
+    return 0 if not errors and all(s["num_failed"] == 0 for s in summaries) else 1
 
 
 def _rate_tag(rate: float | None) -> str:

@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     rate = args.rate if args.rate is not None else info.get("mean_rate")
     summary = bench_summary(result, rate)
     print_trace_line(info, args)
-    print(format_table([summary]))
+    print(format_table([summary], baseline=None))
     print_failures(summary)
     if args.json:
         write_json(args.json, {
@@ -260,56 +260,46 @@ async def replay_async(address: str, trace: Sequence[TraceRequest],
 
 
 # ---- statistics ----------------------------------------------------------------------------
-def _pct(values: np.ndarray, q: float) -> float | None:
-    return float(np.percentile(values, q)) if len(values) else None
-
-
-def summarize(records: Sequence[dict[str, Any]], policy: str, rate: float | None) -> dict:
-    """Latency and throughput of ``records`` (dicts with arrival, first_token, finish,
-    input_tokens, output_tokens; s and tokens). A record counts as completed when it has a
-    finish time, at least one output token and no ``error``; the figures are over those.
-
-    JCT = finish - arrival; TTFT = first_token - arrival; latency per token = JCT /
-    output_tokens (the FastServe paper's per-token latency); throughputs are completed output
-    tokens and requests over the makespan, last finish - first arrival.
+def summarize_requests(records: Sequence[dict[str, Any]], policy: str,
+                       rate: float | None) -> dict[str, Any]:
+    """The summary of a replay's request records (dicts with arrival, first_token, finish,
+    input_tokens, output_tokens and error): ``scheduler_svc.sim.metrics.summarize`` over the
+    completed ones, so the simulator and this benchmark compute the same figures, plus the
+    request counts (``num_requests`` is all of them, completed or not) and a few more
+    percentiles. A record counts as completed when it has a finish time, at least one output
+    token and no ``error``. With none completed, the latency figures are None.
     """
+    from scheduler_svc.sim.metrics import RequestRecord, percentile, summarize
+
     done = [r for r in records if r.get("error") is None and r.get("finish") is not None
             and (r.get("output_tokens") or 0) > 0]
-    arrival = np.array([r["arrival"] for r in done], dtype=np.float64)
-    finish = np.array([r["finish"] for r in done], dtype=np.float64)
-    first = np.array([r["first_token"] if r.get("first_token") is not None else r["finish"]
-                      for r in done], dtype=np.float64)
-    out = np.array([r["output_tokens"] for r in done], dtype=np.float64)
-    jct, ttft = finish - arrival, first - arrival
-    per_token = jct / out if len(done) else jct
-    if len(done):
-        start = min(r["arrival"] for r in records)
-        makespan = float(finish.max() - start)
+    recs = [RequestRecord(r["arrival"], r["finish"] if r.get("first_token") is None
+                          else r["first_token"], r["finish"], r["input_tokens"],
+                          r["output_tokens"]) for r in done]
+    if recs:
+        s = summarize(recs, policy, rate)
     else:
-        makespan = 0.0
-
-    def stats(name: str, v: np.ndarray, qs: tuple[int, ...] = (50, 95, 99)) -> dict:
-        d = {f"mean_{name}": float(v.mean()) if len(v) else None}
-        d.update({f"p{q}_{name}": _pct(v, q) for q in qs})
-        return d
-
-    return {
-        "policy": policy, "rate": rate, "num_requests": len(records),
-        "num_completed": len(done), "num_failed": len(records) - len(done),
-        **stats("jct_s", jct), **stats("ttft_s", ttft), **stats("latency_per_token_s", per_token),
-        "max_jct_s": float(jct.max()) if len(done) else None,
-        "throughput_tokens_s": float(out.sum() / makespan) if makespan > 0 else None,
-        "throughput_requests_s": len(done) / makespan if makespan > 0 else None,
-        "makespan_s": makespan,
-        "total_input_tokens": int(sum(r["input_tokens"] for r in done)),
-        "total_output_tokens": int(out.sum()),
-    }
+        s = {k: None for k in SUMMARY_KEYS}
+        s.update(policy=policy, rate=rate, throughput_tokens_s=0.0, throughput_requests_s=0.0,
+                 makespan_s=0.0)
+    s.update(num_requests=len(records), num_completed=len(done),
+             num_failed=len(records) - len(done))
+    jct = [r.jct_s for r in recs]
+    ttft = [r.ttft_s for r in recs]
+    per_token = [r.jct_s / r.output_tokens for r in recs]
+    for name, values in (("ttft_s", ttft), ("latency_per_token_s", per_token)):
+        for q in (50, 99):
+            s[f"p{q}_{name}"] = percentile(values, q) if values else None
+    s["max_jct_s"] = max(jct) if jct else None
+    s["total_input_tokens"] = sum(r.input_tokens for r in recs)
+    s["total_output_tokens"] = sum(r.output_tokens for r in recs)
+    return {**{k: s[k] for k in SUMMARY_KEYS}, **s}
 
 
 def bench_summary(result: dict[str, Any], rate: float | None) -> dict[str, Any]:
-    """``summarize`` plus what only a real replay has: send lag, server timings, failures."""
+    """``summarize_requests`` plus what only a real replay has: send lag, server timings, failures."""
     reqs = result["requests"]
-    s = summarize(reqs, result["policy"], rate)
+    s = summarize_requests(reqs, result["policy"], rate)
     lag = np.array([r["sent"] - r["arrival"] for r in reqs if r.get("sent") is not None])
     s["mean_send_lag_s"] = float(lag.mean()) if len(lag) else None
     s["max_send_lag_s"] = float(lag.max()) if len(lag) else None
@@ -342,15 +332,12 @@ def format_table(summaries: Sequence[dict[str, Any]], baseline: str | None = "fc
     """One row per summary: completed/failed, JCT (s), TTFT (s), latency per output token
     (ms), throughput; with ``baseline`` among the policies of a rate, each row's mean and p95
     JCT as a multiple of the baseline's (lower is better)."""
-    base = {}
-    if baseline:
-        base = {s["rate"]: s for s in summaries if s["policy"] == baseline}
-    with_ratio = bool(base)
+    base = {s["rate"]: s for s in summaries if baseline and s["policy"] == baseline}
     head = (f"{'policy':<16} {'rate':>6} {'ok':>5} {'fail':>4} | {'JCT mean':>8} {'p50':>7} "
             f"{'p95':>7} {'p99':>7} | {'TTFT mean':>9} {'p95':>7} | {'ms/tok mean':>11} "
             f"{'p95':>7} | {'tok/s':>7} {'req/s':>6}")
-    if with_ratio:
-        head += f" | {'JCT mean/' + baseline:>13} {'p95/' + baseline:>8}"
+    if base:
+        head += f" | {'JCT mean/' + str(baseline):>13} {'p95/' + str(baseline):>8}"
     lines = [head, "-" * len(head)]
     for k, s in enumerate(summaries):
         if k and s["rate"] != summaries[k - 1]["rate"]:
@@ -364,7 +351,7 @@ def format_table(summaries: Sequence[dict[str, Any]], baseline: str | None = "fc
                f"{_fmt(s['p95_latency_per_token_s'], 1e3, 1):>7} | "
                f"{_fmt(s['throughput_tokens_s'], digits=1):>7} "
                f"{_fmt(s['throughput_requests_s']):>6}")
-        if with_ratio:
+        if base:
             b = base.get(s["rate"])
             row += (f" | {_ratio(s, b, 'mean_jct_s'):>13} {_ratio(s, b, 'p95_jct_s'):>8}")
         lines.append(row)

@@ -15,7 +15,10 @@
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections import OrderedDict
+from collections.abc import Iterable, Iterator
 
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.cost_model import CostModel
@@ -40,6 +43,9 @@ class SkipJoinMLFQ(Policy):
         self.level: dict[int, int] = {}
         self.service: dict[int, float] = {}
         self.last_run: dict[int, float] = {}  # last time it ran, or arrived / was promoted
+        # (last_run, job id) pushed at every update of last_run; stale entries are skipped.
+        # Finding starving jobs then costs O(log n) per job touched, not a scan of every queue.
+        self._waits: list[tuple[float, int]] = []
 
     def next_iteration_time(self, job: Job) -> float:
         """Predicted time of the job's next iteration: a prefill chunk or one decode."""
@@ -59,7 +65,11 @@ class SkipJoinMLFQ(Policy):
     def add(self, job: Job, now: float) -> None:
         lvl = self.level_for(self.next_iteration_time(job)) if self.skip_join else 0
         self._place(job, lvl)
-        self.last_run[job.job_id] = now
+        self._touch(job.job_id, now)
+
+    def _touch(self, jid: int, now: float) -> None:
+        self.last_run[jid] = now
+        heapq.heappush(self._waits, (now, jid))
 
     def _place(self, job: Job, lvl: int) -> None:
         self.level[job.job_id] = lvl
@@ -73,23 +83,24 @@ class SkipJoinMLFQ(Policy):
             del self.service[job.job_id]
             del self.last_run[job.job_id]
 
-    def order(self, now: float) -> list[Job]:
+    def order(self, now: float) -> Iterable[Job]:
         self._promote_starving(now)
-        out: list[Job] = []
-        for q in self._queues:
-            out.extend(q.values())
-        return out
+        return itertools.chain.from_iterable(q.values() for q in self._queues)
 
     def _promote_starving(self, now: float) -> None:
         limit = self.config.starve_limit_s
-        for lvl in range(1, len(self._queues)):
-            q = self._queues[lvl]
-            starving = [j for jid, j in q.items() if now - self.last_run[jid] > limit]
-            for job in starving:
-                del q[job.job_id]
-                self._place(job, 0)
-                self.last_run[job.job_id] = now
-                self.num_promotions += 1
+        waits = self._waits
+        while waits and now - waits[0][0] > limit:
+            since, jid = heapq.heappop(waits)
+            if self.last_run.get(jid) != since:
+                continue  # it ran (or was promoted) since, or it is gone
+            lvl = self.level[jid]
+            if lvl == 0:
+                continue  # already in Q1; it is pushed again when it next runs
+            job = self._queues[lvl].pop(jid)
+            self._place(job, 0)
+            self._touch(jid, now)
+            self.num_promotions += 1
 
     def on_iteration(self, ran: list[Job], elapsed_s: float, now: float) -> None:
         stay: list[Job] = []
@@ -97,7 +108,7 @@ class SkipJoinMLFQ(Policy):
             jid = job.job_id
             if jid not in self.level:
                 continue
-            self.last_run[jid] = now
+            self._touch(jid, now)
             self.service[jid] += elapsed_s
             lvl = self.level[jid]
             if self.service[jid] > self.quanta[lvl] and lvl < len(self.quanta) - 1:

@@ -7,6 +7,7 @@ and KV-block budgets. Policies register by name, so a baseline is one small clas
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from typing import ClassVar
 
 from scheduler_svc.core.config import SchedulerConfig
@@ -54,8 +55,13 @@ class Policy(ABC):
         """A job finished, was cancelled or failed."""
 
     @abstractmethod
-    def order(self, now: float) -> list[Job]:
-        """Jobs that may run now, highest priority first."""
+    def order(self, now: float) -> Iterable[Job]:
+        """Jobs that may run now, highest priority first.
+
+        Consumed lazily: the core stops once the batch is full, so with thousands of queued
+        jobs an iteration costs what its batch costs. The policy must not change while the
+        iterator is being consumed (the core adds and removes jobs only outside schedule()).
+        """
 
     def on_iteration(self, ran: list[Job], elapsed_s: float, now: float) -> None:
         """An iteration that ran ``ran`` took ``elapsed_s``: charge service, demote..."""
@@ -81,8 +87,8 @@ class FCFS(Policy):
     def remove(self, job: Job) -> None:
         self._jobs.pop(job.job_id, None)
 
-    def order(self, now: float) -> list[Job]:
-        return list(self._jobs.values())
+    def order(self, now: float) -> Iterable[Job]:
+        return self._jobs.values()
 
     def queues(self) -> list[tuple[str, int]]:
         return [("fcfs", len(self._jobs))]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.cost_model import CostModel
 from scheduler_svc.core.job import Job
@@ -24,7 +26,7 @@ class _SortedPolicy(Policy):
     def remove(self, job: Job) -> None:
         self._jobs.pop(job.job_id, None)
 
-    def order(self, now: float) -> list[Job]:
+    def order(self, now: float) -> Iterable[Job]:
         return sorted(self._jobs.values(), key=lambda j: (self.key(j), j.job_id))
 
     def queues(self) -> list[tuple[str, int]]:

@@ -16,6 +16,7 @@ worker applies ``free_job_ids`` before ``new_jobs`` and ``commands``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from scheduler_svc.core.blocks import BlockAllocator, blocks_for
@@ -106,6 +107,8 @@ class SchedulerCore:
         self.policy = policy or make_policy(config, cost_model)
         self.jobs: dict[int, Job] = {}
         self._pending_frees: list[int] = []
+        self._num_waiting = 0  # live jobs never scheduled
+        self._num_holders = 0  # live jobs holding blocks
         self._watermark_blocks = int(config.watermark * num_blocks)
         self.num_iterations = 0
         self.num_preemptions = 0
@@ -116,7 +119,7 @@ class SchedulerCore:
     # ---- admission and termination -------------------------------------------------------
     @property
     def num_waiting(self) -> int:
-        return sum(1 for j in self.jobs.values() if not j.started)
+        return self._num_waiting
 
     @property
     def num_running(self) -> int:
@@ -129,6 +132,7 @@ class SchedulerCore:
         assert job.job_id not in self.jobs, f"duplicate job id {job.job_id}"
         assert job.num_tokens < self.max_context
         self.jobs[job.job_id] = job
+        self._num_waiting += not job.started
         self.policy.add(job, now)
 
     def finish(self, job: Job, status: JobStatus, now: float, error: str = "") -> None:
@@ -136,11 +140,11 @@ class SchedulerCore:
         assert status.finished
         if job.status.finished:
             return
+        self._num_waiting -= not job.started
         job.status = status
         job.finish_time = now
         job.error = error
-        self.allocator.free(job.blocks)
-        job.blocks = []
+        self._release(job)
         if job.on_worker:
             self._pending_frees.append(job.job_id)
             job.on_worker = False
@@ -176,16 +180,21 @@ class SchedulerCore:
         order = self.policy.order(now)
         chosen: set[int] = set()
         budget = self.config.max_batched_tokens
+        holders_seen = 0
         for job in order:
             if len(plan.batch) >= self.config.max_batch_size or budget <= 0:
                 break
+            if job.blocks:
+                holders_seen += 1
+            elif self.allocator.num_free == 0 and holders_seen == self._num_holders:
+                break  # no block is free and every job left needs one: skip the long tail
             n = self._fit_blocks(job, min(job.num_pending, budget))
             if n > 0:
                 self._add_to_plan(job, n, plan, now)
                 chosen.add(job.job_id)
                 budget -= n
         if not plan.batch:
-            self._make_room(order, budget, plan, now, chosen)
+            self._make_room(self.policy.order(now), budget, plan, now, chosen)
         self.num_preemptions += sum(1 for j in self._last_batch
                                     if j not in chosen and j in self.jobs)
         self._last_batch = chosen
@@ -210,7 +219,7 @@ class SchedulerCore:
                 return 0
         return n
 
-    def _make_room(self, order: list[Job], budget: int, plan: StepPlan, now: float,
+    def _make_room(self, order: Iterable[Job], budget: int, plan: StepPlan, now: float,
                    chosen: set[int]) -> None:
         """Nothing fits: the oldest started job takes blocks from the newest ones (their KV is
         dropped and recomputed later), vLLM-style.
@@ -243,9 +252,13 @@ class SchedulerCore:
             if victim.blocks:
                 self._preempt(victim, plan)
 
+    def _release(self, job: Job) -> None:
+        self._num_holders -= bool(job.blocks)
+        self.allocator.free(job.blocks)
+        job.blocks = []
+
     def _preempt(self, victim: Job, plan: StepPlan) -> None:
-        self.allocator.free(victim.blocks)
-        victim.blocks = []
+        self._release(victim)
         victim.num_computed = 0
         victim.num_recomputes += 1
         self.num_recomputes += 1
@@ -256,6 +269,7 @@ class SchedulerCore:
     def _add_to_plan(self, job: Job, n: int, plan: StepPlan, now: float) -> None:
         need = blocks_for(job.num_computed + n, self.allocator.block_size) - len(job.blocks)
         new_blocks = self.allocator.allocate(max(need, 0))
+        self._num_holders += not job.blocks and bool(new_blocks)
         job.blocks.extend(new_blocks)
         if job.on_worker:
             plan.commands.append(Command(job.job_id, n, new_blocks))
@@ -265,6 +279,7 @@ class SchedulerCore:
             plan.commands.append(Command(job.job_id, n, []))
             job.on_worker = True
         if job.first_scheduled_time is None:
+            self._num_waiting -= 1
             job.first_scheduled_time = now
             job.status = JobStatus.RUNNING
         job.last_scheduled_time = now
@@ -323,6 +338,8 @@ class SchedulerCore:
 
     def check_invariants(self) -> None:
         """Free + held == total, and no block held twice (run when idle and in tests)."""
+        assert self._num_waiting == sum(1 for j in self.jobs.values() if not j.started)
+        assert self._num_holders == sum(1 for j in self.jobs.values() if j.blocks)
         held = [b for j in self.jobs.values() for b in j.blocks]
         assert len(held) == len(set(held)), "a block is held by two jobs"
         assert len(held) + self.allocator.num_free == self.allocator.num_blocks, (

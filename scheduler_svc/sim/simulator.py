@@ -144,15 +144,18 @@ def simulate(
         admit_until(now)
         plan = core.schedule(now) if core.has_work() else None
         if plan is None:
-            if next_i < num_specs:
-                now = max(now, specs[next_i].arrival_s)
-                continue
-            if core.jobs:
+            # Nothing runs. With no free block, no arrival can change that (every job needs a
+            # block to compute), so waiting for one, as the service would, never ends.
+            if core.jobs and (next_i == num_specs or core.allocator.num_free == 0):
                 raise RuntimeError(
-                    f"simulation stalled at t={now:.3f} s with {len(core.jobs)} jobs that cannot "
-                    f"be scheduled (num_blocks={num_blocks}, block_size={block_size})"
+                    f"the scheduler stalled at t={now:.3f} s: {len(core.jobs)} live jobs, none "
+                    f"scheduled, {core.allocator.num_free} of {num_blocks} blocks free "
+                    f"(policy {config.policy!r}, block_size {block_size})"
                 )
-            break
+            if next_i == num_specs:
+                break
+            now = max(now, specs[next_i].arrival_s)
+            continue
         # Answer like a worker: a job samples in the iteration that computes its last known
         # token. plan.batch and plan.commands are built together, one entry per job.
         num_decodes = prefill_tokens = 0

@@ -45,7 +45,7 @@ def test_summarize_counts_failures_and_computes_the_figures():
         {"arrival": 2.0, "first_token": None, "finish": None, "input_tokens": 4,
          "output_tokens": 0, "error": "RESOURCE_EXHAUSTED: full"},
     ]
-    s = bench_serve.summarize(records, "fcfs", 1.0)
+    s = bench_serve.summarize_requests(records, "fcfs", 1.0)
     assert set(bench_serve.SUMMARY_KEYS) <= set(s)
     assert (s["num_requests"], s["num_completed"], s["num_failed"]) == (3, 2, 1)
     assert s["mean_jct_s"] == pytest.approx(3.0)
@@ -54,6 +54,8 @@ def test_summarize_counts_failures_and_computes_the_figures():
     assert s["makespan_s"] == pytest.approx(5.0)
     assert s["throughput_tokens_s"] == pytest.approx(6 / 5)
     assert s["throughput_requests_s"] == pytest.approx(2 / 5)
+    none = bench_serve.summarize_requests(records[2:], "rtc", None)
+    assert (none["num_completed"], none["num_failed"], none["mean_jct_s"]) == (0, 1, None)
 
 
 def test_prompts_have_exactly_the_input_length_and_repeat_with_the_seed():

@@ -1,0 +1,225 @@
+"""The simulator: the production scheduler core on a cost-model clock (no worker, no torch)."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+
+import pytest
+
+from fastserve.cli import main as cli_main
+from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.cost_model import OPT_13B_A100, CostModel
+from scheduler_svc.core.policy import POLICIES
+from scheduler_svc.sim import (
+    SUMMARY_KEYS,
+    RequestRecord,
+    percentile,
+    simulate,
+    summarize,
+    throughput_at_slo,
+)
+
+# Round numbers, so the expected times are easy to read: decode 10 ms at batch 1, prefill
+# 10 ms + 0.1 ms per token.
+COST = CostModel(decode=((1, 0.010), (64, 0.050)), prefill=((1, 0.010), (501, 0.060)),
+                 name="test")
+
+
+@dataclass(frozen=True)
+class Req:
+    arrival_s: float
+    input_tokens: int
+    output_tokens: int
+
+
+def make_requests(n: int, rate: float = 5.0, seed: int = 0, max_len: int = 200) -> list[Req]:
+    """``n`` requests, exponential gaps at ``rate``, long-tailed output lengths."""
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in range(n):
+        out.append(Req(t, rng.randint(1, max_len), min(int(rng.paretovariate(1.2) * 8), max_len)))
+        t += rng.expovariate(rate)
+    return out
+
+
+def run(requests, policy: str = "fcfs", num_blocks: int = 256, block_size: int = 16,
+        max_context: int | None = None, **cfg):
+    return simulate(requests, config=SchedulerConfig(policy=policy, **cfg), cost_model=COST,
+                    num_blocks=num_blocks, block_size=block_size, max_context=max_context,
+                    check_invariants=True)
+
+
+def test_one_job_alone_takes_exactly_its_iterations_from_the_cost_model():
+    # 20-token prompt in chunks of 8, 8, 4 (the first token is sampled after the last chunk),
+    # then 4 decodes for the other 4 tokens.
+    result = run([Req(0.0, 20, 5)], max_batched_tokens=8)
+    steps = [COST.iteration_time(0, 8), COST.iteration_time(0, 8), COST.iteration_time(0, 4)]
+    steps += [COST.iteration_time(1, 0)] * 4
+    clock = 0.0
+    first_token = None
+    for i, t in enumerate(steps):
+        clock += t
+        if i == 2:
+            first_token = clock
+    (rec,) = result.records
+    assert rec == RequestRecord(0.0, first_token, clock, 20, 5)
+    s = result.summary()
+    assert s["mean_jct_s"] == s["p99_jct_s"] == s["makespan_s"] == clock
+    assert s["mean_ttft_s"] == first_token
+    assert s["mean_latency_per_token_s"] == clock / 5
+    assert s["throughput_tokens_s"] == 5 / clock
+    assert s["num_iterations"] == 7 and s["num_preemptions"] == 0
+    assert s["cost_model"] == "test" and s["policy"] == "fcfs"
+
+
+def test_idle_gaps_jump_to_the_next_arrival():
+    result = run([Req(0.0, 4, 1), Req(100.0, 4, 1)])
+    a, b = result.records
+    t = COST.iteration_time(0, 4)
+    assert (a.first_token_s, a.finish_s) == (t, t)
+    assert (b.first_token_s, b.finish_s) == (100.0 + t, 100.0 + t)
+    assert result.summary()["makespan_s"] == 100.0 + t
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_every_policy_finishes_every_request_with_consistent_records(policy):
+    # A small pool (256 blocks x 16 tokens) so that some policies preempt.
+    requests = make_requests(150, rate=20.0)
+    result = run(requests, policy=policy, max_batch_size=16, max_batched_tokens=256)
+    assert len(result.records) == len(requests)
+    for req, rec in zip(requests, result.records):
+        assert (rec.arrival_s, rec.input_tokens) == (req.arrival_s, max(1, req.input_tokens))
+        assert rec.output_tokens == max(1, req.output_tokens)
+        assert req.arrival_s < rec.first_token_s <= rec.finish_s
+    s = result.summary()
+    assert list(s) == [*SUMMARY_KEYS, "num_preemptions", "num_iterations", "cost_model"]
+    jcts = [r.finish_s - r.arrival_s for r in result.records]
+    assert s["num_requests"] == 150 and s["policy"] == policy
+    assert s["mean_jct_s"] == pytest.approx(sum(jcts) / len(jcts))
+    assert s["p50_jct_s"] <= s["p95_jct_s"] <= s["p99_jct_s"] <= max(jcts)
+    assert s["makespan_s"] == pytest.approx(max(r.finish_s for r in result.records))
+    assert s["throughput_tokens_s"] == pytest.approx(
+        sum(r.output_tokens for r in result.records) / s["makespan_s"])
+
+
+def test_fcfs_refills_the_batch_where_run_to_completion_waits_for_the_long_job():
+    # Batch of 4: a long job and 3 short ones at t=0, 3 more short ones just after. FCFS starts
+    # the late ones as soon as the first short ones end; RTC keeps them waiting for the long one.
+    requests = [Req(0.0, 8, 200)] + [Req(0.0, 8, 2)] * 3 + [Req(0.001, 8, 2)] * 3
+    fcfs = run(requests, policy="fcfs", max_batch_size=4).summary()
+    rtc = run(requests, policy="rtc", max_batch_size=4).summary()
+    assert fcfs["mean_jct_s"] < rtc["mean_jct_s"] / 2
+    assert fcfs["makespan_s"] <= rtc["makespan_s"]
+
+
+@pytest.mark.skipif("skip-join-mlfq" not in POLICIES, reason="skip-join-mlfq not registered")
+def test_preemption_beats_fcfs_on_head_of_line_blocking():
+    # One job at a time: a long job first, short ones right behind it.
+    requests = [Req(0.0, 8, 300)] + [Req(0.001 * i, 8, 4) for i in range(1, 11)]
+    fcfs = run(requests, policy="fcfs", max_batch_size=1).summary()
+    mlfq = run(requests, policy="skip-join-mlfq", max_batch_size=1).summary()
+    assert mlfq["mean_jct_s"] < fcfs["mean_jct_s"] / 2
+
+
+def test_same_inputs_give_the_same_summary():
+    requests = make_requests(200, rate=30.0, seed=3)
+    for policy in ("fcfs", *(p for p in ("skip-join-mlfq",) if p in POLICIES)):
+        a = run(requests, policy=policy, num_blocks=1024, max_batch_size=8)
+        b = run(list(requests), policy=policy, num_blocks=1024, max_batch_size=8)
+        assert a.summary() == b.summary() and a.records == b.records
+
+
+def test_requests_beyond_the_context_are_clipped_or_skipped():
+    requests = [Req(0.0, 10, 10), Req(0.0, 60, 10), Req(0.0, 64, 1), Req(0.0, 100, 5)]
+    result = run(requests, num_blocks=8, block_size=8, max_context=64)
+    assert (result.num_skipped, result.num_clipped) == (2, 1)
+    assert [(r.input_tokens, r.output_tokens) for r in result.records] == [(10, 10), (60, 4)]
+
+
+def test_bad_max_context_is_refused():
+    with pytest.raises(ValueError, match="max_context"):
+        run([Req(0.0, 4, 4)], num_blocks=4, block_size=4, max_context=100)
+
+
+def test_summarize_percentiles_and_rate():
+    records = [RequestRecord(float(i), i + 0.5, i + float(j), 1, j) for i, j in
+               zip(range(100), range(1, 101))]
+    s = summarize(records, "x", None)
+    assert list(s) == list(SUMMARY_KEYS)
+    assert s["rate"] == pytest.approx(1.0)  # arrivals 1 s apart
+    assert s["p50_jct_s"] == pytest.approx(50.5) and s["p99_jct_s"] == pytest.approx(99.01)
+    assert s["mean_latency_per_token_s"] == pytest.approx(1.0)
+    assert s["mean_ttft_s"] == pytest.approx(0.5)
+    assert summarize(records, "x", 7.0)["rate"] == 7.0
+    assert percentile([3.0], 95) == 3.0
+    with pytest.raises(ValueError):
+        summarize([], "x", 1.0)
+
+
+def test_throughput_at_slo_is_the_highest_rate_under_the_slo():
+    def trace(rate: float) -> list[Req]:
+        return [Req(i / rate, 16, 32) for i in range(100)]
+
+    rates = [1, 10, 100, 1000, 10000]
+    search = throughput_at_slo(trace, rates, config=SchedulerConfig(max_batch_size=2),
+                               cost_model=COST, num_blocks=256)
+    assert search.slo_s_per_token == pytest.approx(10 * COST.decode_time(1))
+    by_rate = {p.rate: p for p in search.curve}
+    assert search.rate is not None and by_rate[search.rate].meets_slo
+    assert all(p.meets_slo == (p.mean_latency_per_token_s <= search.slo_s_per_token)
+               for p in search.curve)
+    first_miss = min(p.rate for p in search.curve if not p.meets_slo)
+    assert search.rate < first_miss and max(by_rate) == first_miss  # stopped at the first miss
+    refined = throughput_at_slo(trace, rates, config=SchedulerConfig(max_batch_size=2),
+                                cost_model=COST, num_blocks=256, refine_steps=3)
+    assert search.rate <= refined.rate < first_miss and len(refined.curve) == len(search.curve) + 3
+
+
+def test_cli_sim_prints_a_row_per_policy_and_writes_json(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"arrival_s": r.arrival_s, "input_tokens": r.input_tokens,
+                                         "output_tokens": r.output_tokens}) + "\n"
+                             for r in make_requests(40)))
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps({
+        "format": 1, "cache_key": "k", "measured_at_unix_s": 0.0,
+        "decode": [{"batch_size": 1, "context_len": 128, "time_s": 0.01},
+                   {"batch_size": 32, "context_len": 128, "time_s": 0.03}],
+        "prefill": [{"num_tokens": 16, "time_s": 0.012}, {"num_tokens": 512, "time_s": 0.06}],
+    }))
+    out = tmp_path / "out.json"
+    rc = cli_main(["sim", "--trace", str(trace), "--policies", "fcfs,rtc", "--profile",
+                   str(profile), "--num-blocks", "256", "--max-batch-size", "8",
+                   "--set", "watermark=0.02", "--slo-search", "1,100", "--refine", "1",
+                   "--json", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "profile:p" in text and "\nfcfs " in text and "\nrtc " in text
+    assert "throughput at the SLO" in text
+    rows = json.loads(out.read_text())
+    assert [r["policy"] for r in rows] == ["fcfs", "rtc"]
+    assert all(r["num_requests"] == 40 and r["cost_model"] == "profile:p" for r in rows)
+    assert rows[0]["slo_ratio_vs_fcfs"] == 1.0 and rows[0]["slo_s_per_token"] == pytest.approx(0.1)
+
+
+def test_cli_sim_refuses_unknown_policy_and_settings(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"arrival_s": 0, "input_tokens": 4, "output_tokens": 4}\n')
+    assert cli_main(["sim", "--trace", str(trace), "--policy", "nope"]) == 2
+    assert "registered:" in capsys.readouterr().err
+    assert cli_main(["sim", "--trace", str(trace), "--set", "bogus=1"]) == 2
+    assert "KEY one of" in capsys.readouterr().err
+
+
+def test_a_scheduler_that_never_schedules_is_reported_not_waited_on(monkeypatch):
+    class Stuck(POLICIES["fcfs"]):  # type: ignore[misc, valid-type]
+        name = "stuck"
+
+        def order(self, now):
+            return []
+
+    monkeypatch.setitem(POLICIES, "stuck", Stuck)
+    with pytest.raises(RuntimeError, match="stalled"):
+        run([Req(0.0, 4, 4), Req(1.0, 4, 4)], policy="stuck")
