@@ -36,7 +36,9 @@ _TABLE = (  # (header, summary key, scale, format)
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register the sim command."""
     p = sub.add_parser("sim", help="simulate scheduling policies on a trace (no GPU, no model)",
-                       description=__doc__.splitlines()[0])
+                       description="Replay a trace through the production scheduler and "
+                       "policies on a simulated worker whose iteration times come from a cost "
+                       "model.")
     p.add_argument("--trace", required=True, metavar="FILE",
                    help="trace file: Azure CSV, ShareGPT lengths CSV or .jsonl")
     p.add_argument("--policy", default="fcfs", help="scheduling policy (default fcfs)")
@@ -51,7 +53,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                       help="published cost model (default opt-13b-a100)")
     cost.add_argument("--profile", default=None, metavar="PROFILE.json",
                       help="a worker's profile (worker_svc/profiler.py JSON) as the cost model")
-    p.add_argument("--num-blocks", type=int, default=4096, help="KV blocks (default 4096)")
+    # OPT-13B keeps 800 KiB of KV per token (2 x 40 layers x 5120 x fp16); an A100-80GB has
+    # about 50 GB left after weights and activations: ~64k tokens, 4096 blocks of 16.
+    p.add_argument("--num-blocks", type=int, default=4096,
+                   help="KV blocks (default 4096: OPT-13B on one A100-80GB)")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-context", type=int, default=None,
                    help="tokens per request at most (default: num_blocks * block_size)")
@@ -186,15 +191,19 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"fastserve sim: {e}", file=sys.stderr)
         return 2
-    sim = dict(cost_model=cost_model, num_blocks=args.num_blocks, block_size=args.block_size,
-               max_context=args.max_context)
+    sim = {"cost_model": cost_model, "num_blocks": args.num_blocks,
+           "block_size": args.block_size, "max_context": args.max_context}
 
     rows: list[dict] = []
     for policy in policies:
-        with tqdm(total=len(requests), desc=policy, unit="req", file=sys.stderr,
-                  leave=False) as bar:
-            result = simulate(requests, config=configs[policy], rate=args.rate,
-                              progress=bar.update, **sim)
+        try:
+            with tqdm(total=len(requests), desc=policy, unit="req", file=sys.stderr,
+                      leave=False) as bar:
+                result = simulate(requests, config=configs[policy], rate=args.rate,
+                                  progress=bar.update, **sim)
+        except (RuntimeError, ValueError) as e:  # a stalled scheduler, a bad pool size
+            print(f"fastserve sim: policy {policy}: {e}", file=sys.stderr)
+            return 1
         if result.num_skipped or result.num_clipped:
             print(f"{policy}: {result.num_skipped} requests skipped (prompt >= max context), "
                   f"{result.num_clipped} outputs clipped to the max context", file=sys.stderr)

@@ -181,13 +181,18 @@ class SchedulerCore:
         chosen: set[int] = set()
         budget = self.config.max_batched_tokens
         holders_seen = 0
+        free = self.allocator.num_free
+        # Once every job holding blocks has been seen, the rest can only run on free blocks:
+        # stop there if none can take them (a long queue then costs nothing per iteration).
+        evicted = len(self.jobs) - self._num_waiting - self._num_holders
+        stuck = free == 0 or (free <= self._watermark_blocks and evicted == 0)
         for job in order:
             if len(plan.batch) >= self.config.max_batch_size or budget <= 0:
                 break
             if job.blocks:
                 holders_seen += 1
-            elif self.allocator.num_free == 0 and holders_seen == self._num_holders:
-                break  # no block is free and every job left needs one: skip the long tail
+            elif stuck and holders_seen == self._num_holders:
+                break
             n = self._fit_blocks(job, min(job.num_pending, budget))
             if n > 0:
                 self._add_to_plan(job, n, plan, now)

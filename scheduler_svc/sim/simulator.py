@@ -32,6 +32,9 @@ from scheduler_svc.sim.metrics import RequestRecord, summarize
 
 # The token every simulated job samples; its value is irrelevant (jobs ignore EOS).
 SIM_TOKEN = 0
+# Plans in a row that only free KV while jobs wait: one is normal (evictions, then the next plan
+# runs on the freed blocks); more means the scheduler is stuck.
+MAX_IDLE_PLANS = 3
 
 
 class RequestLike(Protocol):
@@ -127,6 +130,7 @@ def simulate(
     core = SchedulerCore(config, num_blocks, block_size, max_context, cost_model=cost_model)
     records: list[RequestRecord | None] = [None] * len(specs)
     iteration_time = cost_model.iteration_time
+    times: dict[tuple[int, int], float] = {}  # iteration_time is pure; batches repeat
     num_iterations = 0
     next_i, num_specs = 0, len(specs)
     now = specs[0].arrival_s if specs else 0.0
@@ -140,22 +144,22 @@ def simulate(
             core.add(job, s.arrival_s)
             next_i += 1
 
+    num_idle_plans = 0  # plans in a row that computed nothing while jobs were live
     while True:
         admit_until(now)
         plan = core.schedule(now) if core.has_work() else None
         if plan is None:
-            # Nothing runs. With no free block, no arrival can change that (every job needs a
+            if not core.jobs and next_i == num_specs:
+                break
+            # Nothing runs. With no free block no arrival can change that (every job needs a
             # block to compute), so waiting for one, as the service would, never ends.
             if core.jobs and (next_i == num_specs or core.allocator.num_free == 0):
-                raise RuntimeError(
-                    f"the scheduler stalled at t={now:.3f} s: {len(core.jobs)} live jobs, none "
-                    f"scheduled, {core.allocator.num_free} of {num_blocks} blocks free "
-                    f"(policy {config.policy!r}, block_size {block_size})"
-                )
-            if next_i == num_specs:
-                break
+                raise _stalled(core, now, config)
             now = max(now, specs[next_i].arrival_s)
             continue
+        num_idle_plans = num_idle_plans + 1 if not plan.batch and core.jobs else 0
+        if num_idle_plans > MAX_IDLE_PLANS:
+            raise _stalled(core, now, config)
         # Answer like a worker: a job samples in the iteration that computes its last known
         # token. plan.batch and plan.commands are built together, one entry per job.
         num_decodes = prefill_tokens = 0
@@ -170,7 +174,10 @@ def simulate(
             token = SIM_TOKEN if done == len(job.prompt) + len(job.output) else None
             results.append(TokenResult(cmd.job_id, done, token))
         if plan.batch:
-            t = iteration_time(num_decodes, prefill_tokens)
+            key = (num_decodes, prefill_tokens)
+            t = times.get(key)
+            if t is None:
+                t = times[key] = iteration_time(num_decodes, prefill_tokens)
             num_iterations += 1
         else:  # only frees: the worker computes nothing
             t = 0.0
@@ -181,6 +188,7 @@ def simulate(
             if u.finished:
                 job = u.job
                 s = specs[job.job_id]
+                assert job.first_token_time is not None and job.finish_time is not None
                 records[job.job_id] = RequestRecord(
                     s.arrival_s, job.first_token_time, job.finish_time, s.input_tokens,
                     len(job.output))
@@ -196,6 +204,15 @@ def simulate(
         policy=config.policy, cost_model=cost_model.name, rate=rate, records=done_records,
         num_iterations=num_iterations, num_preemptions=core.num_preemptions,
         num_skipped=skipped, num_clipped=clipped, sim_end_s=now,
+    )
+
+
+def _stalled(core: SchedulerCore, now: float, config: SchedulerConfig) -> RuntimeError:
+    alloc = core.allocator
+    return RuntimeError(
+        f"the scheduler stalled at t={now:.3f} s: {len(core.jobs)} live jobs, none scheduled, "
+        f"{alloc.num_free} of {alloc.num_blocks} blocks of {alloc.block_size} tokens free "
+        f"(policy {config.policy!r})"
     )
 
 
