@@ -49,7 +49,7 @@ class StepPlan:
     new_jobs: list[NewJobSpec] = field(default_factory=list)
     commands: list[Command] = field(default_factory=list)
     free_job_ids: list[int] = field(default_factory=list)
-    batch: list[Job] = field(default_factory=list)
+    batch: list[Job] = field(default_factory=list)  # batch[i] is the job of commands[i]
     num_batched_tokens: int = 0
 
 
@@ -186,18 +186,36 @@ class SchedulerCore:
         # stop there if none can take them (a long queue then costs nothing per iteration).
         evicted = len(self.jobs) - self._num_waiting - self._num_holders
         stuck = free == 0 or (free <= self._watermark_blocks and evicted == 0)
+        # The batch is the highest-priority jobs that fit, up to max_batch_size. Decodes join
+        # at once; prefill chunks are sized afterwards from the token budget the decodes left,
+        # so a long prompt's prefill never pushes a higher-priority decode out of the batch.
+        prefills: list[Job] = []
+        rank: dict[int, int] = {}
         for job in order:
-            if len(plan.batch) >= self.config.max_batch_size or budget <= 0:
+            if len(plan.batch) + len(prefills) >= self.config.max_batch_size or budget <= 0:
                 break
+            rank[job.job_id] = len(rank)
             if job.blocks:
                 holders_seen += 1
             elif stuck and holders_seen == self._num_holders:
                 break
+            if job.num_pending > 1:
+                if self._fit_blocks(job, min(job.num_pending, budget)) > 0:
+                    prefills.append(job)
+            elif job.num_pending == 1 and self._fit_blocks(job, 1) > 0:
+                self._add_to_plan(job, 1, plan, now)
+                chosen.add(job.job_id)
+                budget -= 1
+        for job in prefills:
             n = self._fit_blocks(job, min(job.num_pending, budget))
             if n > 0:
                 self._add_to_plan(job, n, plan, now)
                 chosen.add(job.job_id)
                 budget -= n
+        # Priority order (for the policy's head return); commands stay paired with the batch.
+        pairs = sorted(zip(plan.commands, plan.batch), key=lambda cj: rank[cj[1].job_id])
+        plan.commands = [c for c, _ in pairs]
+        plan.batch = [j for _, j in pairs]
         if not plan.batch:
             self._make_room(self.policy.order(now), budget, plan, now, chosen)
         self.num_preemptions += sum(1 for j in self._last_batch
@@ -210,16 +228,24 @@ class SchedulerCore:
     def _fit_blocks(self, job: Job, n: int) -> int:
         """How many of ``n`` tokens ``job`` can compute given free blocks (0 = it waits).
 
-        A job that has not started only takes blocks above the watermark, so running jobs can
-        still grow; a job that does not fit waits without blocking the jobs behind it.
+        A job starts only when blocks for its whole prompt (and its first token) are free above
+        the watermark, and they are reserved at once: jobs that cannot finish their prefill
+        never pile up half-computed, and running jobs can still grow. A started job that lost
+        its KV takes what is free, chunk by chunk. A job that does not fit waits without
+        blocking the jobs behind it.
         """
         if n <= 0:
             return 0
+        if not job.started:
+            need = blocks_for(job.num_tokens + 1, self.allocator.block_size)
+            # The watermark is for running jobs to grow into; with none, a prompt as long as
+            # the pool may use it all.
+            reserve = self._watermark_blocks if self._num_holders else 0
+            return n if need <= self.allocator.num_free - reserve else 0
         bs = self.allocator.block_size
         need = blocks_for(job.num_computed + n, bs) - len(job.blocks)
-        avail = self.allocator.num_free - (0 if job.started else self._watermark_blocks)
-        if need > avail:
-            n = (len(job.blocks) + max(avail, 0)) * bs - job.num_computed
+        if need > self.allocator.num_free:
+            n = (len(job.blocks) + self.allocator.num_free) * bs - job.num_computed
             if n <= 0 or job.num_pending == 1:
                 return 0
         return n
@@ -272,7 +298,9 @@ class SchedulerCore:
             victim.on_worker = False
 
     def _add_to_plan(self, job: Job, n: int, plan: StepPlan, now: float) -> None:
-        need = blocks_for(job.num_computed + n, self.allocator.block_size) - len(job.blocks)
+        tokens = job.num_computed + n if job.started else max(job.num_computed + n,
+                                                               job.num_tokens + 1)
+        need = blocks_for(tokens, self.allocator.block_size) - len(job.blocks)
         new_blocks = self.allocator.allocate(max(need, 0))
         self._num_holders += not job.blocks and bool(new_blocks)
         job.blocks.extend(new_blocks)
