@@ -1,2 +1,39 @@
-"""Repository-wide test setup. pytest puts this directory on sys.path, so shared helpers
-(``procs``) import as top-level modules from any test file."""
+"""Repository-wide fixtures. pytest puts this directory on sys.path, so shared helpers
+(``procs``) import as top-level modules from any test file.
+
+``default_model_dir``: SmolLM2-135M-Instruct, pulled and converted once (cached).
+``tiny_tok_model``: a random-weight 2-layer Llama with SmolLM2's vocabulary and tokenizer
+files, for service tests where the text does not matter and speed does.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="session")
+def default_model_dir():
+    from fastserve.models import DEFAULT_MODEL, resolve_model
+
+    return resolve_model(DEFAULT_MODEL)
+
+
+@pytest.fixture(scope="session")
+def tiny_tok_model(default_model_dir, tmp_path_factory):
+    from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM
+
+    src = AutoConfig.from_pretrained(default_model_dir)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=src.vocab_size, hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                      max_position_embeddings=2048, tie_word_embeddings=True,
+                      eos_token_id=src.eos_token_id, bos_token_id=src.bos_token_id)
+    path = tmp_path_factory.mktemp("tiny-tok")
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    for f in default_model_dir.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
+            shutil.copy(f, path / f.name)
+    return path

@@ -8,11 +8,12 @@ minutes and the same inputs always give the same figures.
 
 Event order, matching the service (``scheduler_svc/loop.py``):
 
-| step | service                                   | simulator                                  |
-|------|-------------------------------------------|--------------------------------------------|
-| 1    | ``schedule(now)``                         | ``schedule(now)`` (idle: jump to the next arrival) |
-| 2    | the worker computes (requests keep arriving, ``add(job, t_arrival)``) | ``t = cost_model.iteration_time(...)``; arrivals up to ``now + t`` are added at their own times |
-| 3    | ``update(plan, result, t_end)``           | ``update(plan, result, now + t)``          |
+| step | service                              | simulator                                    |
+|------|--------------------------------------|----------------------------------------------|
+| 1    | ``schedule(now)``                    | same; nothing to run: jump to next arrival   |
+| 2    | worker computes; arrivals are added  | ``t = cost_model.iteration_time(...)``;      |
+|      | as they come, ``add(job, arrival)``  | arrivals up to ``now + t`` added likewise    |
+| 3    | ``update(plan, result, t_end)``      | ``update(plan, result, now + t)``            |
 
 Every request is admitted (no ``max_waiting`` refusal): a benchmark client would retry, and a
 refused request would silently drop out of the figures.

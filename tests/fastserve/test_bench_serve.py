@@ -4,36 +4,12 @@ random-weight model with SmolLM2's tokenizer, a 30-request JSONL trace, two poli
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
-import torch
 
 from fastserve.bench import serve as bench_serve
 from fastserve.cli import main
 from fastserve.traces import TraceRequest
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    """A 2-layer random Llama with the default model's vocabulary and tokenizer files."""
-    from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM
-
-    from fastserve.models import DEFAULT_MODEL, resolve_model
-
-    src_dir = resolve_model(DEFAULT_MODEL)
-    src = AutoConfig.from_pretrained(src_dir)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=src.vocab_size, hidden_size=32, intermediate_size=64,
-                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                      max_position_embeddings=2048, tie_word_embeddings=True,
-                      eos_token_id=src.eos_token_id, bos_token_id=src.bos_token_id)
-    path = tmp_path_factory.mktemp("tiny-bench-model")
-    LlamaForCausalLM(cfg).save_pretrained(path)
-    for f in src_dir.iterdir():
-        if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
-            shutil.copy(f, path / f.name)
-    return path
 
 
 def test_summarize_counts_failures_and_computes_the_figures():
@@ -66,14 +42,14 @@ def test_prompts_have_exactly_the_input_length_and_repeat_with_the_seed():
     assert bench_serve.make_prompts(trace, 4) != a
 
 
-def test_bench_compare_end_to_end(tiny_model, tmp_path, capsys):
+def test_bench_compare_end_to_end(tiny_tok_model, tmp_path, capsys):
     trace = tmp_path / "trace.jsonl"
     trace.write_text("".join(
         json.dumps({"arrival_s": i * 0.05, "input_tokens": 8 + (i * 7) % 40,
                     "output_tokens": 2 + (i * 5) % 12}) + "\n" for i in range(30)))
     out_dir, out = tmp_path / "out", tmp_path / "summaries.json"
     rc = main(["--log-level", "WARNING", "bench", "compare", "--policies", "fcfs,rtc",
-               "--trace", str(trace), "--model", str(tiny_model), "--kv-blocks", "256",
+               "--trace", str(trace), "--model", str(tiny_tok_model), "--kv-blocks", "256",
                "--out-dir", str(out_dir), "--json", str(out), "--no-progress",
                "--timeout-s", "60"])
     printed = capsys.readouterr().out

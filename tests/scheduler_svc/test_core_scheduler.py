@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-
 from core_driver import EOS, make_core, make_job, run_step
 
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.job import JobStatus
 from scheduler_svc.core.scheduler import StepResult, TokenResult
+
 
 def test_fcfs_runs_everyone_to_max_tokens_and_frees_all_blocks():
     core = make_core()

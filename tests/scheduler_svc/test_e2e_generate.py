@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 
-import grpc
 import pytest
 import torch
 
@@ -12,8 +11,7 @@ from fastserve.proto import scheduler_pb2 as spb
 
 pytestmark = pytest.mark.slow
 
-WORDS = ("river mountain quiet engine yellow history garden orbit signal paper "
-         "violin harbor copper meadow lantern").split()
+WORDS = ["river", "mountain", "quiet", "engine", "yellow", "history", "garden", "orbit", "signal", "paper", "violin", "harbor", "copper", "meadow", "lantern"]
 
 
 def _prompts(n):

@@ -1,4 +1,4 @@
-"""Shared fixtures: a tiny random-weight GQA Llama saved to disk, and the default model."""
+"""Shared fixtures: a tiny random-weight GQA Llama saved to disk."""
 
 from __future__ import annotations
 
@@ -19,10 +19,3 @@ def tiny_llama_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-llama")
     LlamaForCausalLM(cfg).save_pretrained(path)
     return path
-
-
-@pytest.fixture(scope="session")
-def default_model_dir():
-    from fastserve.models import DEFAULT_MODEL, resolve_model
-
-    return resolve_model(DEFAULT_MODEL)
