@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -67,3 +68,16 @@ def start_scheduler(model: str, workers: list[str], log_dir: pathlib.Path, *extr
             "--metrics-port", "-1", *extra]
     return ServiceProcess("scheduler_svc", args, "scheduler listening on",
                           log_dir / f"{name}.log")
+
+
+def scrape_metrics(port: int) -> dict[tuple[str, frozenset], float]:
+    """Every sample on a service's ``/metrics``, keyed by sample name and labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }

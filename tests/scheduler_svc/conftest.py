@@ -26,16 +26,19 @@ class Cluster:
         self.worker.stop()
 
 
-@pytest.fixture(scope="module")
-def smol_cluster(default_model_dir, tmp_path_factory):
-    logs = tmp_path_factory.mktemp("smol-cluster")
-    worker = start_worker(str(default_model_dir), logs, 1024)
+def start_cluster(model, logs, num_blocks, *scheduler_args) -> Cluster:
+    worker = start_worker(str(model), logs, num_blocks)
     try:
-        scheduler = start_scheduler(str(default_model_dir), [worker.address], logs)
+        scheduler = start_scheduler(str(model), [worker.address], logs, *scheduler_args)
     except Exception:
         worker.stop()
         raise
-    cluster = Cluster(worker, scheduler)
+    return Cluster(worker, scheduler)
+
+
+@pytest.fixture(scope="module")
+def smol_cluster(default_model_dir, tmp_path_factory):
+    cluster = start_cluster(default_model_dir, tmp_path_factory.mktemp("smol-cluster"), 1024)
     yield cluster
     cluster.close()
 
@@ -43,13 +46,7 @@ def smol_cluster(default_model_dir, tmp_path_factory):
 @pytest.fixture()
 def tiny_cluster(tiny_tok_model, tmp_path):
     """A fresh cluster per test: tests here kill and overload it."""
-    worker = start_worker(str(tiny_tok_model), tmp_path, 256)
-    try:
-        scheduler = start_scheduler(str(tiny_tok_model), [worker.address], tmp_path,
-                                    "--max-waiting", "4", "--max-batch-size", "4")
-    except Exception:
-        worker.stop()
-        raise
-    cluster = Cluster(worker, scheduler)
+    cluster = start_cluster(tiny_tok_model, tmp_path, 256, "--max-waiting", "4",
+                            "--max-batch-size", "4")
     yield cluster
     cluster.close()

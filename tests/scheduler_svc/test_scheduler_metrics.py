@@ -6,11 +6,10 @@ exporter, which reads nothing else.
 
 from __future__ import annotations
 
-import urllib.request
 from dataclasses import dataclass
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+from procs import scrape_metrics
 
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.job import Job, JobStatus
@@ -50,17 +49,6 @@ def run_step(core, now, token=7):
     return [u.job for u in updates if u.finished]
 
 
-def scrape(port: int) -> dict[tuple[str, frozenset], float]:
-    """Every sample on ``/metrics``, keyed by sample name and labels."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
 def labels(**kw) -> frozenset:
     return frozenset(kw.items())
 
@@ -85,7 +73,7 @@ def test_gauges_follow_the_cores_of_every_worker(metrics):
     metrics.bind([FakeLoop("w0:1", busy), FakeLoop("w1:1", idle, ready=False),
                   FakeLoop("w2:1", None, ready=False)])
 
-    m = scrape(metrics.port)
+    m = scrape_metrics(metrics.port)
     w0, w1 = labels(worker="w0:1"), labels(worker="w1:1")
     assert m[("fastserve:num_requests_running", w0)] == 3
     assert m[("fastserve:num_requests_waiting", w0)] == 2
@@ -111,7 +99,7 @@ def test_gauges_follow_the_cores_of_every_worker(metrics):
 
     for job in list(busy.jobs.values()):
         busy.finish(job, JobStatus.CANCELLED, 2.0)
-    m = scrape(metrics.port)
+    m = scrape_metrics(metrics.port)
     assert m[("fastserve:num_requests_running", w0)] == 0
     assert m[("fastserve:kv_blocks_used", w0)] == 0
     assert m[("vllm:kv_cache_usage_perc", model)] == 0
@@ -137,7 +125,7 @@ def test_finished_requests_and_iterations(metrics):
     metrics.observe_iteration(IterationStats(batch_size=4, num_tokens=20, compute_s=0.010,
                                              round_trip_s=0.012, overhead_s=0.003))
 
-    m = scrape(metrics.port)
+    m = scrape_metrics(metrics.port)
     assert m[("fastserve:requests_total", labels(finish_reason="length"))] == 3
     assert m[("fastserve:requests_total", labels(finish_reason="cancelled"))] == 2
     assert m[("fastserve:prompt_tokens_total", frozenset())] == 3 * 5 + 6 + 6

@@ -3,24 +3,12 @@
 from __future__ import annotations
 
 import re
-import urllib.request
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+from procs import scrape_metrics
 from test_worker_server import NUM_BLOCKS, StepStream, Worker, new_job
 
 from fastserve.proto import worker_pb2 as pb
-
-
-def scrape(port: int) -> dict[tuple[str, frozenset], float]:
-    """Every sample on ``/metrics``, keyed by sample name and labels."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +28,7 @@ def metrics_port(worker: Worker) -> int:
 
 def test_step_counters_and_kv_gauges(worker):
     port = metrics_port(worker)
-    before = scrape(port)
+    before = scrape_metrics(port)
     assert before[("fastserve:worker_kv_blocks_total", frozenset())] == NUM_BLOCKS
     assert before[("fastserve:worker_kv_blocks_used", frozenset())] == 0
     assert before[("fastserve:worker_steps_total", frozenset())] == 0
@@ -51,9 +39,9 @@ def test_step_counters_and_kv_gauges(worker):
         commands=[pb.JobCommand(job_id=1, num_tokens=3), pb.JobCommand(job_id=9, num_tokens=1)],
     )
     assert [e.job_id for e in r.errors] == [9]  # unknown job: counted by code
-    during = scrape(port)
+    during = scrape_metrics(port)
     stream.close()
-    after = scrape(port)
+    after = scrape_metrics(port)
 
     assert during[("fastserve:worker_steps_total", frozenset())] >= 1
     assert during[("fastserve:worker_tokens_total", frozenset())] == 4
