@@ -191,6 +191,7 @@ class SchedulerCore:
         # so a long prompt's prefill never pushes a higher-priority decode out of the batch.
         prefills: list[Job] = []
         rank: dict[int, int] = {}
+        bs = self.allocator.block_size
         for job in order:
             if len(plan.batch) + len(prefills) >= self.config.max_batch_size or budget <= 0:
                 break
@@ -202,8 +203,19 @@ class SchedulerCore:
             if job.num_pending > 1:
                 if self._fit_blocks(job, min(job.num_pending, budget)) > 0:
                     prefills.append(job)
-            elif job.num_pending == 1 and self._fit_blocks(job, 1) > 0:
-                self._add_to_plan(job, 1, plan, now)
+            elif job.num_pending == 1:
+                if job.on_worker and job.num_computed < len(job.blocks) * bs:
+                    # The common case, kept lean for long simulations: a decode whose next
+                    # token fits the blocks it holds (what _add_to_plan would do, minus the
+                    # allocation and first-schedule bookkeeping it cannot need).
+                    plan.commands.append(Command(job.job_id, 1, []))
+                    plan.batch.append(job)
+                    plan.num_batched_tokens += 1
+                    job.last_scheduled_time = now
+                elif self._fit_blocks(job, 1) > 0:
+                    self._add_to_plan(job, 1, plan, now)
+                else:
+                    continue
                 chosen.add(job.job_id)
                 budget -= 1
         for job in prefills:
