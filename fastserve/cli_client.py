@@ -59,9 +59,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 def run_generate(args: argparse.Namespace) -> int:
     from fastserve.client import Client
-    from fastserve.errors import FastServeError
-
-    from fastserve.errors import InvalidArgument
+    from fastserve.errors import FastServeError, InvalidArgument
 
     chat: dict[str, Any] = {"messages": [{"role": "user", "content": args.prompt}]}
     raw: dict[str, Any] = {"prompt": args.prompt}

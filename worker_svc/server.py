@@ -90,7 +90,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 )
             try:
                 profile = profiler.get_profile(self.engine, self.loaded.model_path, force=True)
-            except Exception as e:  # noqa: BLE001 - report it and keep serving
+            except Exception as e:
                 log.exception("profiling failed")
                 context.abort(grpc.StatusCode.INTERNAL, f"profiling failed: {e}")
         return wire.profile_to_proto(profile)
@@ -117,7 +117,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             try:
                 cmd, errors = wire.step_command_from_proto(request)
                 out = self.engine.step(cmd)
-            except Exception as e:  # noqa: BLE001 - the stream outlives any one bad Step
+            except Exception as e:
                 log.exception("step %d failed", request.step_id)
                 out = _fail_all(request, f"step failed: {type(e).__name__}: {e}")
             else:

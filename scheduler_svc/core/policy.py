@@ -124,4 +124,4 @@ class RunToCompletion(Policy):
 
 # The other policies register themselves on import; importing them here makes the registry
 # complete for anyone who imports this module.
-from scheduler_svc.core import mlfq, priority  # noqa: E402,F401
+from scheduler_svc.core import mlfq, priority  # noqa: F401

@@ -275,7 +275,7 @@ class SchedulerCore:
         started = [j for j in order if j.started and j.num_pending > 0]
         if not started:
             return
-        age = lambda j: (j.arrival_time, j.job_id)  # noqa: E731
+        age = lambda j: (j.arrival_time, j.job_id)
         oldest = min(started, key=age)
         victims = sorted((j for j in self.jobs.values() if j is not oldest and j.blocks),
                          key=age, reverse=True)

@@ -29,7 +29,7 @@ class ModelSpec:
     eos_token_ids: tuple[int, ...]
 
     @classmethod
-    def from_hf_config(cls, config: Any, generation_config: Any = None) -> "ModelSpec":
+    def from_hf_config(cls, config: Any, generation_config: Any = None) -> ModelSpec:
         model_type = getattr(config, "model_type", "")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(

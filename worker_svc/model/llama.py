@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from worker_svc.kv_pool import KVPool
-from worker_svc.model.linear import Linear
 from worker_svc.model.config import ModelSpec
+from worker_svc.model.linear import Linear
 
 
 @dataclass
