@@ -6,6 +6,7 @@ import os
 import pathlib
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -81,3 +82,10 @@ def scrape_metrics(port: int) -> dict[tuple[str, frozenset], float]:
         for family in text_string_to_metric_families(text)
         for s in family.samples
     }
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -50,13 +50,7 @@ def plot_jct_cdf(jcts: Mapping[float | None, Mapping[str, Sequence[float]]],
         ax.set_title(f"JCT CDF, {_rate_label(rate)}")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(loc="lower right")
-    if title:
-        fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    path = pathlib.Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path, title)
 
 
 def plot_latency_vs_rate(summaries: Sequence[Mapping[str, Any]], path: str | pathlib.Path,
@@ -81,6 +75,11 @@ def plot_latency_vs_rate(summaries: Sequence[Mapping[str, Any]], path: str | pat
         ax.set_title(f"{name} latency per token")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
+    return _save(plt, fig, path, title)
+
+
+def _save(plt: Any, fig: Any, path: str | pathlib.Path, title: str) -> pathlib.Path:
+    """Title, lay out, write the PNG and free the figure."""
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()

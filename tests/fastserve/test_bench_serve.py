@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from procs import free_port
 
 from fastserve.bench import serve as bench_serve
 from fastserve.cli import main
@@ -78,11 +79,7 @@ def test_bench_compare_end_to_end(tiny_tok_model, tmp_path, capsys):
 def test_bench_serve_reports_an_unreachable_scheduler(tmp_path, capsys):
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"arrival_s": 0, "input_tokens": 4, "output_tokens": 2}\n')
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     bench_serve.STATUS_TIMEOUT_S, old = 2.0, bench_serve.STATUS_TIMEOUT_S
     try:
         rc = main(["bench", "serve", "--trace", str(trace), "--address", f"127.0.0.1:{port}",

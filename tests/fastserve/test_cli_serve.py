@@ -12,13 +12,13 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 
 import pytest
+from procs import free_port
 
 from fastserve import cli_serve
 from fastserve.cli import build_parser
@@ -134,12 +134,6 @@ def test_serve_exits_1_and_stops_the_worker_when_the_scheduler_dies(monkeypatch,
     assert "scheduler exited unexpectedly with code 1" in capsys.readouterr().err
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _children(pid: int) -> list[int]:
     found = []
     for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
@@ -160,7 +154,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 @pytest.mark.skipif(not _scheduler_available(), reason="python -m scheduler_svc does not exist yet")
 def test_serve_end_to_end(tmp_path):
-    port = _free_port()
+    port = free_port()
     log = (tmp_path / "serve.log").open("w+")
     serve = subprocess.Popen(
         [sys.executable, "-m", "fastserve.cli", "serve", "--port", str(port), "--metrics-port",

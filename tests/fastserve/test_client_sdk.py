@@ -20,6 +20,7 @@ from concurrent import futures
 import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from procs import free_port
 
 from fastserve import errors
 from fastserve.client import HEALTH_SERVICE, AsyncClient, Client
@@ -269,8 +270,4 @@ def test_cli_status(server, scheduler):
 
 @pytest.fixture
 def unused_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port()
