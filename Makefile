@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # The CPU build of torch; on a CUDA machine install the matching CUDA build first.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install proto model serve test lint bench-engine bench-overhead clean
+.PHONY: install proto model serve test lint bench-engine bench-overhead bench-kvstore clean
 
 install: $(VENV)/.installed
 
@@ -39,6 +39,9 @@ bench-engine: proto model
 
 bench-overhead: proto model
 	$(VENV)/bin/fastserve bench overhead --json docs/bench-overhead.json
+
+bench-kvstore: proto
+	$(VENV)/bin/fastserve bench kvstore --json docs/bench-kvstore.json
 
 clean:
 	rm -rf $(VENV) fastserve/proto/fastserve

@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench_overhead.add_parser(bench_sub)
     bench_serve.add_parser(bench_sub)
     bench_compare.add_parser(bench_sub)
+    from kvstore_svc import bench as bench_kvstore
+
+    bench_kvstore.add_parser(bench_sub)
     return parser
 
 

@@ -63,6 +63,13 @@ def start_worker(model: str, log_dir: pathlib.Path, num_blocks: int = 512, name:
     return ServiceProcess("worker_svc", args, "worker listening on", log_dir / f"{name}.log")
 
 
+def start_kvstore(log_dir: pathlib.Path, budget_bytes: int | str, *extra: str,
+                  name: str = "kvstore") -> ServiceProcess:
+    """``python -m kvstore_svc`` on a free port (a later ``--listen`` in ``extra`` wins)."""
+    args = ["--listen", "127.0.0.1:0", "--budget-bytes", str(budget_bytes), *extra]
+    return ServiceProcess("kvstore_svc", args, "kvstore listening on", log_dir / f"{name}.log")
+
+
 def start_scheduler(model: str, workers: list[str], log_dir: pathlib.Path, *extra: str,
                     name: str = "scheduler") -> ServiceProcess:
     args = ["--model", model, "--workers", ",".join(workers), "--listen", "127.0.0.1:0",

@@ -13,9 +13,14 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from fastserve.proto.fastserve.v1 import worker_pb2, worker_pb2_grpc
+    from fastserve.proto.fastserve.v1 import (
+        kvstore_pb2,
+        kvstore_pb2_grpc,
+        worker_pb2,
+        worker_pb2_grpc,
+    )
 
-__all__ = ["worker_pb2", "worker_pb2_grpc"]
+__all__ = ["kvstore_pb2", "kvstore_pb2_grpc", "worker_pb2", "worker_pb2_grpc"]
 
 _GENERATED = "fastserve.proto.fastserve.v1"
 
