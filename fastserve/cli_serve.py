@@ -1,11 +1,12 @@
-"""`fastserve serve`: run a worker and a scheduler on this machine until Ctrl-C or SIGTERM.
+"""`fastserve serve`: run a KV store, a worker and a scheduler on this machine until Ctrl-C.
 
-The model is resolved first (pulled and converted once, progress on stderr). Then the worker
-starts as a child process, then the scheduler pointed at it; once both have printed their
-ready lines, one line goes to stdout: ``FastServe ready at HOST:PORT (policy P, model M)``.
-The children's logs pass through to stderr. Shutdown stops the scheduler first, so that no
-new work reaches the worker, then the worker (SIGTERM, then SIGKILL after 10 s), and exits 0.
-If either child dies on its own, the other is stopped and the command exits 1.
+The model is resolved first (pulled and converted once, progress on stderr). Then the node's
+KV store starts as a child process (unless ``--no-kvstore``), then the worker pointed at it,
+then the scheduler pointed at the worker; once all have printed their ready lines, one line
+goes to stdout: ``FastServe ready at HOST:PORT (policy P, model M)``. The children's logs pass
+through to stderr. Shutdown stops the scheduler first, so that no new work reaches the worker,
+then the worker, then the store (SIGTERM, then SIGKILL after 10 s), and exits 0. If any child
+dies on its own, the others are stopped and the command exits 1.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ import sys
 import threading
 import time
 
+KVSTORE_READY = "kvstore listening on "
 WORKER_READY = "worker listening on "
 SCHEDULER_READY = "scheduler listening on "
 # The first start on CPU loads (and may profile) the model; later starts take seconds.
+KVSTORE_START_TIMEOUT_S = 60.0
 WORKER_START_TIMEOUT_S = 300.0
 SCHEDULER_START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 10.0
@@ -84,23 +87,44 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="MLFQ: Q1 quantum in seconds (default: one decode iteration)")
     p.add_argument("--starve-limit", type=float, default=None,
                    help="MLFQ: seconds without running before promotion to Q1")
+    p.add_argument("--kv-policy", default=None,
+                   help="proactive (default), reactive, recompute or defer: what happens to "
+                   "paused jobs' KV when device blocks run short")
+    p.add_argument("--kvstore-budget", default=None, metavar="BYTES",
+                   help="host memory of the node's KV store, e.g. 4GiB (default: a quarter "
+                   "of RAM)")
+    p.add_argument("--no-kvstore", action="store_true",
+                   help="start no KV store (paused jobs' KV then stays on the device)")
     p.set_defaults(func=run)
 
 
-def worker_command(args: argparse.Namespace) -> list[str]:
+def kvstore_command(args: argparse.Namespace) -> list[str]:
+    """The node KV store's command line (loopback: the worker beside it is its only client)."""
+    cmd = [sys.executable, "-m", "kvstore_svc", "--listen", "127.0.0.1:0",
+           "--metrics-port", str(worker_metrics_port(args.metrics_port, 2)),
+           "--log-level", getattr(args, "log_level", "INFO")]
+    if args.kvstore_budget:
+        cmd += ["--budget-bytes", str(args.kvstore_budget)]
+    return cmd
+
+
+def worker_command(args: argparse.Namespace, kvstore: str | None = None) -> list[str]:
     """The worker's command line; it always listens on loopback (only the scheduler calls it)."""
-    return [
+    cmd = [
         sys.executable, "-m", "worker_svc", "--model", args.model, "--device", args.device,
         "--dtype", args.dtype, "--num-blocks", str(args.kv_blocks),
         "--block-size", str(args.block_size), "--listen", f"127.0.0.1:{args.worker_port}",
         "--metrics-port", str(worker_metrics_port(args.metrics_port)),
         "--log-level", getattr(args, "log_level", "INFO"),
     ]
+    if kvstore:
+        cmd += ["--kvstore", kvstore]
+    return cmd
 
 
-def worker_metrics_port(scheduler_port: int) -> int:
-    """The worker's metrics port follows the scheduler's: the next port, any (0) or off (-1)."""
-    return scheduler_port + 1 if scheduler_port > 0 else scheduler_port
+def worker_metrics_port(scheduler_port: int, offset: int = 1) -> int:
+    """Metrics ports follow the scheduler's: worker +1, KV store +2; any (0) or off (-1)."""
+    return scheduler_port + offset if scheduler_port > 0 else scheduler_port
 
 
 def scheduler_command(args: argparse.Namespace, workers: str) -> list[str]:
@@ -111,7 +135,7 @@ def scheduler_command(args: argparse.Namespace, workers: str) -> list[str]:
         "--metrics-port", str(args.metrics_port),
     ]
     for flag in ("max_batch_size", "max_waiting", "max_batched_tokens", "mlfq_num_queues",
-                 "mlfq_ratio", "mlfq_q1_quantum", "starve_limit"):
+                 "mlfq_ratio", "mlfq_q1_quantum", "starve_limit", "kv_policy"):
         value = getattr(args, flag, None)
         if value is not None:
             cmd += ["--" + flag.replace("_", "-"), str(value)]
@@ -188,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     finally:
-        for name, child in reversed(children):  # the scheduler before the worker
+        for name, child in reversed(children):  # scheduler, then worker, then store
             if child.poll() is None:
                 print(f"stopping {name}", file=sys.stderr)
             stop_child(child)
@@ -198,7 +222,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _supervise(args: argparse.Namespace, stop: threading.Event,
                children: list[tuple[str, Child]]) -> int:
-    worker, worker_address = start_child(worker_command(args), WORKER_READY,
+    store_address = None
+    if not args.no_kvstore:
+        store, store_address = start_child(kvstore_command(args), KVSTORE_READY,
+                                           KVSTORE_START_TIMEOUT_S, name="kvstore", stop=stop)
+        children.append(("kvstore", store))
+    worker, worker_address = start_child(worker_command(args, store_address), WORKER_READY,
                                          WORKER_START_TIMEOUT_S, name="worker", stop=stop)
     children.append(("worker", worker))
     scheduler, address = start_child(scheduler_command(args, worker_address), SCHEDULER_READY,

@@ -17,7 +17,7 @@ import typing
 from pathlib import Path
 
 _TABLE = (  # (header, summary key, scale, format)
-    ("policy", "policy", None, "<16"),
+    ("policy", "label", None, "<26"),
     ("req/s", "rate", 1.0, ">7.2f"),
     ("n", "num_requests", None, ">7"),
     ("JCT mean s", "mean_jct_s", 1.0, ">10.2f"),
@@ -30,6 +30,9 @@ _TABLE = (  # (header, summary key, scale, format)
     ("p95", "p95_latency_per_token_s", 1e3, ">8.1f"),
     ("tok/s", "throughput_tokens_s", 1.0, ">8.0f"),
     ("preempt", "num_preemptions", None, ">8"),
+    ("recomp", "num_recomputes", None, ">7"),
+    ("swap out", "num_swap_outs", None, ">8"),
+    ("swap wait s", "swap_wait_s", 1.0, ">11.2f"),
 )
 
 
@@ -58,6 +61,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-blocks", type=int, default=4096,
                    help="KV blocks (default 4096: OPT-13B on one A100-80GB)")
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--kv-policies", default=None, type=_str_list, metavar="A,B",
+                   help="KV policies (proactive, reactive, recompute, defer): every scheduling "
+                   "policy runs with each (default: the scheduler's, proactive)")
+    p.add_argument("--store-blocks", type=int, default=0,
+                   help="KV store capacity in blocks for offloaded KV (default 0: no store)")
+    p.add_argument("--swap-gbps", type=float, default=None,
+                   help="device <-> store copy bandwidth, GB/s (default: the cost model's)")
+    p.add_argument("--kv-bytes-per-token", type=int, default=None,
+                   help="KV bytes per token, all layers (default: the cost model's)")
     p.add_argument("--max-context", type=int, default=None,
                    help="tokens per request at most (default: num_blocks * block_size)")
     p.add_argument("--max-batch-size", type=int, default=64)
@@ -179,7 +191,20 @@ def run(args: argparse.Namespace) -> int:
         settings["max_batch_size"] = args.max_batch_size
         if args.max_batched_tokens is not None:
             settings["max_batched_tokens"] = args.max_batched_tokens
-        configs = {p: SchedulerConfig(**{**settings, "policy": p}) for p in policies}
+        kv_policies = args.kv_policies or [settings.get("kv_policy", "proactive")]
+        configs = {}  # label -> config: one run per scheduling policy and KV policy
+        for p in policies:
+            for kv in kv_policies:
+                label = p if len(kv_policies) == 1 else f"{p}+{kv}"
+                configs[label] = SchedulerConfig(**{**settings, "policy": p, "kv_policy": kv})
+        if args.swap_gbps is not None or args.kv_bytes_per_token is not None:
+            cost_model = dataclasses.replace(
+                cost_model,
+                swap_bytes_per_s=(args.swap_gbps * 1e9 if args.swap_gbps is not None
+                                  else cost_model.swap_bytes_per_s),
+                kv_bytes_per_token=(args.kv_bytes_per_token
+                                    if args.kv_bytes_per_token is not None
+                                    else cost_model.kv_bytes_per_token))
 
         def trace(rate: float | None) -> list:
             return load_trace(args.trace, rate=rate, arrivals=args.arrivals, cv=args.cv,
@@ -192,24 +217,26 @@ def run(args: argparse.Namespace) -> int:
         print(f"fastserve sim: {e}", file=sys.stderr)
         return 2
     sim = {"cost_model": cost_model, "num_blocks": args.num_blocks,
-           "block_size": args.block_size, "max_context": args.max_context}
+           "block_size": args.block_size, "max_context": args.max_context,
+           "store_blocks": args.store_blocks}
 
     rows: list[dict] = []
-    for policy in policies:
+    for label, config in configs.items():
         try:
-            with tqdm(total=len(requests), desc=policy, unit="req", file=sys.stderr,
+            with tqdm(total=len(requests), desc=label, unit="req", file=sys.stderr,
                       leave=False) as bar:
-                result = simulate(requests, config=configs[policy], rate=args.rate,
+                result = simulate(requests, config=config, rate=args.rate,
                                   progress=bar.update, **sim)
         except (RuntimeError, ValueError) as e:  # a stalled scheduler, a bad pool size
-            print(f"fastserve sim: policy {policy}: {e}", file=sys.stderr)
+            print(f"fastserve sim: {label}: {e}", file=sys.stderr)
             return 1
         if result.num_skipped or result.num_clipped:
-            print(f"{policy}: {result.num_skipped} requests skipped (prompt >= max context), "
+            print(f"{label}: {result.num_skipped} requests skipped (prompt >= max context), "
                   f"{result.num_clipped} outputs clipped to the max context", file=sys.stderr)
-        rows.append(result.summary())
+        rows.append({"label": label, **result.summary()})
     print(f"trace {args.trace}  cost model {cost_model.name}  blocks {args.num_blocks} x "
-          f"{args.block_size}  max batch {args.max_batch_size}")
+          f"{args.block_size}  store blocks {args.store_blocks}  max batch "
+          f"{args.max_batch_size}")
     print(_header())
     for row in rows:
         print(_format_row(row))
@@ -217,22 +244,23 @@ def run(args: argparse.Namespace) -> int:
     if args.slo_search:
         slo = args.slo if args.slo is not None else default_slo(cost_model)
         searches = {}
-        for policy in policies:
-            with tqdm(desc=f"{policy} SLO search", unit="req", file=sys.stderr,
+        for label, config in configs.items():
+            with tqdm(desc=f"{label} SLO search", unit="req", file=sys.stderr,
                       leave=False) as bar:
-                searches[policy] = throughput_at_slo(
-                    trace, args.slo_search, slo, config=configs[policy],
+                searches[label] = throughput_at_slo(
+                    trace, args.slo_search, slo, config=config,
                     refine_steps=args.refine, progress=bar.update, **sim)
-        base = searches["fcfs"].rate if "fcfs" in searches else None
+        base_label = next((lb for lb, c in configs.items() if c.policy == "fcfs"), None)
+        base = searches[base_label].rate if base_label else None
         print(f"\nthroughput at the SLO (mean latency per token <= {slo * 1e3:.1f} ms), "
               f"searched over {','.join(f'{r:g}' for r in args.slo_search)} req/s")
-        print(f"{'policy':<16} {'req/s at SLO':>12} {'vs fcfs':>8}  curve (req/s: ms/token)")
-        for policy, row in zip(policies, rows):
-            s = searches[policy]
+        print(f"{'policy':<26} {'req/s at SLO':>12} {'vs fcfs':>8}  curve (req/s: ms/token)")
+        for label, row in zip(configs, rows):
+            s = searches[label]
             ratio = s.rate / base if s.rate is not None and base else None
             curve = ", ".join(f"{p.rate:g}: {p.mean_latency_per_token_s * 1e3:.0f}"
                               for p in s.curve)
-            print(f"{policy:<16} {_fmt(s.rate, '>12.3f')} {_fmt(ratio, '>7.2f')}{'x' if ratio else ' '}"
+            print(f"{label:<26} {_fmt(s.rate, '>12.3f')} {_fmt(ratio, '>7.2f')}{'x' if ratio else ' '}"
                   f"  {curve}")
             row.update({
                 "slo_s_per_token": slo, "rate_at_slo": s.rate, "slo_ratio_vs_fcfs": ratio,

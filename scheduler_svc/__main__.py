@@ -9,7 +9,7 @@ import signal
 import sys
 
 from fastserve.models import DEFAULT_MODEL, resolve_model
-from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.config import KV_POLICIES, SchedulerConfig
 from scheduler_svc.core.policy import POLICIES
 from scheduler_svc.server import create_service
 
@@ -36,6 +36,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="Q1 quantum in seconds (default: the worker's one-decode time)")
     p.add_argument("--starve-limit", type=float, default=d.starve_limit_s,
                    help="seconds without running before a job is promoted to Q1")
+    p.add_argument("--kv-policy", default=d.kv_policy, choices=list(KV_POLICIES),
+                   help="what happens to paused jobs' KV when device blocks run short "
+                   "(proactive offload/upload through the node's KV store, reactive swaps, "
+                   "recompute, or defer new jobs)")
+    p.add_argument("--kv-headroom-window", type=float, default=d.kv_headroom_window_s,
+                   help="proactive headroom: free blocks for the prompts of this many "
+                   "seconds of recent arrivals")
     p.add_argument("--connect-timeout", type=float, default=120.0,
                    help="seconds to wait for every worker at start")
     p.add_argument("--log-level", default="INFO")
@@ -48,7 +55,8 @@ async def serve(args: argparse.Namespace) -> int:
         max_batched_tokens=args.max_batched_tokens, max_waiting=args.max_waiting,
         default_max_tokens=args.default_max_tokens, mlfq_num_queues=args.mlfq_num_queues,
         mlfq_ratio=args.mlfq_ratio, mlfq_q1_quantum_s=args.mlfq_q1_quantum,
-        starve_limit_s=args.starve_limit,
+        starve_limit_s=args.starve_limit, kv_policy=args.kv_policy,
+        kv_headroom_window_s=args.kv_headroom_window,
     )
     workers = [w.strip() for w in args.workers.split(",") if w.strip()]
     model_path = str(await asyncio.to_thread(resolve_model, args.model))

@@ -84,8 +84,14 @@ class WorkerLoop:
                 log.info("cost model from %s: one decode %.1f ms", self.address,
                          cost_model.min_iteration_time * 1e3)
             capacity = min(d.max_context, d.num_blocks * d.block_size)
+            # The store's capacity is shared by the workers of its node; one worker per node
+            # (the local cluster, a GPU per pod) gets all of it.
+            store_blocks = d.store_capacity_blocks if d.store_connected else 0
             self.core = SchedulerCore(self.config, d.num_blocks, d.block_size, capacity,
-                                      cost_model=cost_model)
+                                      cost_model=cost_model, store_blocks=store_blocks)
+            log.info("worker %s: %d KV blocks, KV store %s (%d blocks), kv policy %s",
+                     self.address, d.num_blocks, d.kvstore_address or "none", store_blocks,
+                     self.config.kv_policy)
         self.state = "ready"
         self.error = ""
 

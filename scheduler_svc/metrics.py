@@ -150,7 +150,25 @@ class _LoopCollector(Collector):
                 labels=["worker"]),
             "num_iterations": CounterMetricFamily(
                 "fastserve:iterations", "Iterations run.", labels=["worker"]),
+            "num_swap_outs": CounterMetricFamily(
+                "fastserve:kv_swap_outs", "Jobs offloaded to the node's KV store.",
+                labels=["worker"]),
+            "num_swap_ins": CounterMetricFamily(
+                "fastserve:kv_swap_ins", "Offloaded jobs uploaded back to the device.",
+                labels=["worker"]),
+            "num_kv_lost": CounterMetricFamily(
+                "fastserve:kv_lost", "Swaps that failed on the worker (the job was recomputed).",
+                labels=["worker"]),
+            "swap_wait_s": CounterMetricFamily(
+                "fastserve:kv_swap_wait_seconds",
+                "Time iterations waited for their own jobs' swaps.", labels=["worker"]),
         }
+        store_used = family("fastserve:kv_store_blocks_used",
+                            "KV store blocks held by this worker's offloaded jobs.")
+        store_total = family("fastserve:kv_store_blocks_total",
+                             "KV store capacity in blocks (0: no store).")
+        offloaded = family("fastserve:num_requests_offloaded",
+                           "Requests whose KV is in the KV store.")
         sums = [0, 0, 0, 0]  # running, waiting, used blocks, total blocks
         for lp in self.loops:
             up.add_metric([lp.address], 1.0 if lp.ready else 0.0)
@@ -167,10 +185,14 @@ class _LoopCollector(Collector):
                 queues.add_metric([lp.address, name], depth)
             for attr, fam in events.items():
                 fam.add_metric(w, getattr(stats, attr))
+            store_used.add_metric(w, stats.store_used_blocks)
+            store_total.add_metric(w, stats.store_blocks)
+            offloaded.add_metric(w, stats.num_offloaded)
             for i, v in enumerate((stats.num_running, stats.num_waiting,
                                    stats.num_used_blocks, stats.num_blocks)):
                 sums[i] += v
-        yield from (up, running, waiting, usage, total, used, queues, *events.values())
+        yield from (up, running, waiting, usage, total, used, queues, store_used, store_total,
+                    offloaded, *events.values())
 
         m = [self.model_name]
         for name, doc, value in (

@@ -29,7 +29,16 @@ def plan_to_proto(plan: StepPlan, step_id: int) -> wpb.StepRequest:
             for c in plan.commands
         ],
         free_job_ids=plan.free_job_ids,
+        swap_out=[wpb.SwapOut(job_id=j) for j in plan.swap_out],
+        swap_in=[wpb.SwapIn(job_id=sw.job_id, block_ids=sw.block_ids) for sw in plan.swap_in],
     )
+
+
+# A swap that failed on the worker: the job's KV is gone and the worker forgot the job, so it
+# is recomputed (re-created with its output tokens), never failed.
+KV_LOST = wpb.ERROR_CODE_DATA_LOSS
+# A refused swap-out (store full or unreachable): the job keeps its KV on the device.
+SWAP_REFUSED = (wpb.ERROR_CODE_RESOURCE_EXHAUSTED, wpb.ERROR_CODE_UNAVAILABLE)
 
 
 def result_from_proto(msg: wpb.StepResponse) -> StepResult:
@@ -44,6 +53,11 @@ def result_from_proto(msg: wpb.StepResponse) -> StepResult:
         ],
         # Errors for jobs the scheduler already forgot (a free of a job the worker lost) are
         # harmless; the core ignores ids it does not know.
-        errors=[(e.job_id, f"{wpb.ErrorCode.Name(e.code)}: {e.message}") for e in msg.errors],
+        errors=[(e.job_id, f"{wpb.ErrorCode.Name(e.code)}: {e.message}") for e in msg.errors
+                if e.code != KV_LOST],
         compute_time_s=msg.compute_time_s,
+        kv_lost=[e.job_id for e in msg.errors if e.code == KV_LOST],
+        # The core reads these only for the jobs its plan swapped out.
+        swap_refused=[e.job_id for e in msg.errors if e.code in SWAP_REFUSED],
+        swap_wait_s=msg.swap_wait_s,
     )

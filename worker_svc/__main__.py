@@ -4,15 +4,19 @@ Logs go to stderr. Once the model is loaded (and profiled, with ``--profile-at-s
 the server is bound, one line goes to stdout: ``worker listening on HOST:PORT`` (with port 0,
 the port actually bound). With ``--metrics-port``, Prometheus metrics are served on
 0.0.0.0:PORT/metrics and a stderr log line ``metrics on :PORT`` (the port actually bound) is
-written before the ``worker listening`` line. On SIGTERM or SIGINT the health status turns NOT_SERVING, in-flight
-RPCs get 5 s to finish, and the process exits 0.
+written before the ``worker listening`` line. With ``--kvstore HOST:PORT`` the worker offloads
+KV blocks to that store (connecting in the background: a store that is not up yet fails swaps
+UNAVAILABLE until it is). On SIGTERM or SIGINT the health status turns NOT_SERVING, in-flight
+RPCs get 5 s to finish, the store lease is released, and the process exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
+import socket
 import sys
 import threading
 
@@ -39,6 +43,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="longest job in tokens (default: the model's max positions)",
     )
     p.add_argument("--listen", default="127.0.0.1:50061", help="HOST:PORT; port 0 picks one")
+    p.add_argument(
+        "--kvstore",
+        default=None,
+        metavar="HOST:PORT",
+        help="the node's KV store to offload KV blocks to (default: none, swaps fail "
+        "UNAVAILABLE); if it is unreachable at start, the worker starts anyway and retries",
+    )
+    p.add_argument(
+        "--kvstore-client-id",
+        default=None,
+        help="this worker's name at the store (default: HOSTNAME:PID)",
+    )
     p.add_argument(
         "--profile-at-start",
         action="store_true",
@@ -83,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
             num_blocks=args.num_blocks,
             block_size=args.block_size,
             max_context=args.max_context,
+            kvstore=args.kvstore,
+            kvstore_client_id=args.kvstore_client_id or f"{socket.gethostname()}:{os.getpid()}",
         )
         loaded = load_engine(cfg)
     except ValueError as e:  # bad settings or an unusable model: say why, no traceback
@@ -121,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("shutting down")
     health_servicer.enter_graceful_shutdown()
     server.stop(grace=SHUTDOWN_GRACE_S).wait()
+    loaded.engine.swap.close()
     log.info("stopped")
     return 0
 

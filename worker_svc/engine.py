@@ -8,9 +8,14 @@ Per-step command semantics, applied in this order:
 
 | part            | effect                                                              |
 |-----------------|---------------------------------------------------------------------|
-| ``free_job_ids`` | forget the jobs and release their blocks                          |
+| ``free_job_ids`` | forget the jobs and release their blocks (device and store)       |
+| ``swap_out``     | copy a job's KV to the store (asynchronously), release its blocks |
+| ``swap_in``      | claim an offloaded job's new blocks, copy its KV back (asynchronously) |
 | ``new_jobs``     | register a job (prompt, sampling, initial blocks); runs only if commanded |
 | ``commands``     | append blocks, then process the next ``num_tokens`` uncomputed tokens |
+
+Copies and their ordering live in ``swap.py``; here, a command of an uploading job waits for its
+swap-in, and every claim of blocks for compute waits for swap-outs still reading them.
 
 A job samples a token in an iteration that computes its last known token; a prefill chunk
 that stops short of the prompt's end samples nothing.
@@ -18,29 +23,17 @@ that stops short of the prompt's end samples nothing.
 
 from __future__ import annotations
 
-import enum
 import math
 import time
 from dataclasses import dataclass, field
 
 import torch
 
+from worker_svc.errors import ErrorCode, JobRejected, KVLost
 from worker_svc.kv_pool import ClaimProblem, KVPool
 from worker_svc.model.llama import BatchMetadata, DecodeGroup, LlamaModel, PrefillSegment
 from worker_svc.sampler import SamplingParams, sample
-
-
-class ErrorCode(enum.IntEnum):
-    """Per-job error kinds; the values match gRPC status codes."""
-
-    INVALID_ARGUMENT = 3
-    NOT_FOUND = 5
-    ALREADY_EXISTS = 6
-    FAILED_PRECONDITION = 9
-    RESOURCE_EXHAUSTED = 8
-    OUT_OF_RANGE = 11
-    INTERNAL = 13
-
+from worker_svc.swap import Residency, SwapEngine, SwapStats
 
 _CLAIM_CODES = {
     ClaimProblem.INVALID: ErrorCode.INVALID_ARGUMENT,
@@ -67,10 +60,18 @@ class JobCommand:
 
 
 @dataclass
+class SwapIn:
+    job_id: int
+    block_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
 class StepCommand:
     new_jobs: list[NewJob] = field(default_factory=list)
     commands: list[JobCommand] = field(default_factory=list)
     free_job_ids: list[int] = field(default_factory=list)
+    swap_out: list[int] = field(default_factory=list)
+    swap_in: list[SwapIn] = field(default_factory=list)
 
 
 @dataclass
@@ -93,6 +94,8 @@ class StepOutcome:
     results: list[JobResult] = field(default_factory=list)
     errors: list[JobError] = field(default_factory=list)
     compute_time_s: float = 0.0
+    swap_wait_s: float = 0.0
+    swap: SwapStats = field(default_factory=SwapStats)
 
 
 @dataclass
@@ -109,22 +112,19 @@ class _Job:
         return len(self.token_ids) - self.num_prompt_tokens
 
 
-class JobRejected(Exception):
-    def __init__(self, code: ErrorCode, message: str):
-        super().__init__(message)
-        self.code = code
-
-
 class Engine:
     """Executes StepCommands on one model and one KV pool."""
 
-    def __init__(self, model: LlamaModel, pool: KVPool, max_context: int | None = None):
+    def __init__(self, model: LlamaModel, pool: KVPool, max_context: int | None = None,
+                 swap: SwapEngine | None = None):
         self.model = model
         self.pool = pool
         self.device = pool.device
         limit = model.cos.shape[0]
         self.max_context = min(max_context or limit, limit)
         self.jobs: dict[int, _Job] = {}
+        # Without a store address every swap fails UNAVAILABLE ("no kvstore configured").
+        self.swap = swap or SwapEngine(pool)
 
     @property
     def vocab_size(self) -> int:
@@ -132,12 +132,23 @@ class Engine:
 
     def step(self, cmd: StepCommand) -> StepOutcome:
         out = StepOutcome()
+        self.swap.begin_step()
         for job_id in cmd.free_job_ids:
-            job = self.jobs.pop(job_id, None)
+            job = self.jobs.get(job_id)
             if job is None:
                 out.errors.append(JobError(job_id, ErrorCode.NOT_FOUND, f"free: unknown job {job_id}"))
             else:
-                self.pool.release(job.block_ids)
+                self._drop(job)
+        for job_id in cmd.swap_out:
+            try:
+                self._swap_out(job_id)
+            except JobRejected as e:
+                out.errors.append(JobError(job_id, e.code, str(e)))
+        for s in cmd.swap_in:
+            try:
+                self._swap_in(s)
+            except JobRejected as e:
+                out.errors.append(JobError(s.job_id, e.code, str(e)))
         for new in cmd.new_jobs:
             try:
                 self._admit(new)
@@ -166,7 +177,63 @@ class Engine:
                     out.errors.append(JobError(job.job_id, ErrorCode.INTERNAL,
                                                f"forward failed: {type(e).__name__}: {e}"))
             out.compute_time_s = time.perf_counter() - start
+        out.swap_wait_s, out.swap = self.swap.end_step()
         return out
+
+    def _drop(self, job: _Job) -> None:
+        """Forget a job: wait for its copies in flight, free its store space and its blocks."""
+        del self.jobs[job.job_id]
+        self.swap.forget(job.job_id)
+        self.pool.release(job.block_ids)
+
+    def _live(self, job_id: int, what: str) -> _Job:
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise JobRejected(ErrorCode.NOT_FOUND, f"{what}: unknown job {job_id}")
+        return job
+
+    def _finish_upload(self, job: _Job) -> None:
+        """The job's swap-in is needed now: wait for it; on failure the job is dropped."""
+        try:
+            self.swap.finish_upload(job.job_id)
+        except KVLost:
+            self._drop(job)
+            raise
+
+    def _swap_out(self, job_id: int) -> None:
+        job = self._live(job_id, "swap_out")
+        residency = self.swap.residency(job_id)
+        if residency is Residency.OFFLOADED:
+            raise JobRejected(ErrorCode.FAILED_PRECONDITION,
+                              f"swap_out: job {job_id} is already offloaded")
+        if residency is Residency.UPLOADING:
+            self._finish_upload(job)
+        kv_blocks = math.ceil(job.num_computed / self.pool.block_size)
+        self.swap.offload(job_id, job.block_ids[:kv_blocks])
+        self.pool.release(job.block_ids)
+        job.block_ids = []
+
+    def _swap_in(self, s: SwapIn) -> None:
+        job = self._live(s.job_id, "swap_in")
+        residency = self.swap.residency(s.job_id)
+        if residency is not Residency.OFFLOADED:
+            where = "on the device" if residency is Residency.DEVICE else "already swapping in"
+            raise JobRejected(ErrorCode.FAILED_PRECONDITION,
+                              f"swap_in: job {s.job_id} is not offloaded (it is {where})")
+        needed = math.ceil(job.num_computed / self.pool.block_size)
+        if len(s.block_ids) != needed:
+            raise JobRejected(ErrorCode.INVALID_ARGUMENT,
+                              f"swap_in: job {s.job_id} has {job.num_computed} computed tokens, "
+                              f"so block_ids must list exactly {needed} blocks; got "
+                              f"{len(s.block_ids)}")
+        self._check_blocks(s.job_id, s.block_ids)
+        try:
+            self.swap.upload(s.job_id, s.block_ids)
+        except KVLost:
+            self._drop(job)
+            raise
+        self.pool.claim(s.job_id, s.block_ids)
+        job.block_ids = list(s.block_ids)
 
     def _admit(self, new: NewJob) -> None:
         if new.job_id in self.jobs:
@@ -189,6 +256,7 @@ class Engine:
         if why:
             raise JobRejected(ErrorCode.INVALID_ARGUMENT, f"sampling: {why}")
         self._check_blocks(new.job_id, new.block_ids)
+        self.swap.make_writable(new.block_ids)
         self.pool.claim(new.job_id, new.block_ids)
         tokens = list(new.prompt_token_ids) + list(new.output_token_ids)
         self.jobs[new.job_id] = _Job(new.job_id, tokens, new.sampling, list(new.block_ids), n)
@@ -203,6 +271,12 @@ class Engine:
         job = self.jobs.get(c.job_id)
         if job is None:
             raise JobRejected(ErrorCode.NOT_FOUND, f"unknown job {c.job_id}")
+        residency = self.swap.residency(c.job_id)
+        if residency is Residency.OFFLOADED:
+            raise JobRejected(ErrorCode.FAILED_PRECONDITION,
+                              f"job {c.job_id} is offloaded; swap it in before commanding it")
+        if residency is Residency.UPLOADING:
+            self._finish_upload(job)
         pending = len(job.token_ids) - job.num_computed
         if not 0 <= c.num_tokens <= pending:
             raise JobRejected(ErrorCode.INVALID_ARGUMENT,
@@ -220,6 +294,7 @@ class Engine:
                               f"job {c.job_id} needs {needed} blocks for {end} tokens, holds {have}")
         if c.append_block_ids:
             self._check_blocks(c.job_id, c.append_block_ids)
+            self.swap.make_writable(c.append_block_ids)
             self.pool.claim(c.job_id, c.append_block_ids)
             job.block_ids.extend(c.append_block_ids)
         return job

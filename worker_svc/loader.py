@@ -11,6 +11,7 @@ from worker_svc.engine import Engine
 from worker_svc.kv_pool import KVPool, KVPoolConfig
 from worker_svc.model.config import ModelSpec, rope_tables
 from worker_svc.model.llama import LlamaModel
+from worker_svc.swap import SwapEngine
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +26,10 @@ class EngineConfig:
     num_blocks: int = 2048
     block_size: int = 16
     max_context: int | None = None
+    # The node's KV store, HOST:PORT; None = no offloading (swaps fail UNAVAILABLE).
+    kvstore: str | None = None
+    # How this worker names itself to the store (its slots are accounted under this id).
+    kvstore_client_id: str = "worker"
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -74,4 +79,5 @@ def load_engine(cfg: EngineConfig) -> LoadedModel:
         device,
         dtype,
     )
-    return LoadedModel(Engine(model, pool, max_positions), spec, hf_config, path)
+    swap = SwapEngine(pool, cfg.kvstore, client_id=cfg.kvstore_client_id)
+    return LoadedModel(Engine(model, pool, max_positions, swap), spec, hf_config, path)

@@ -53,6 +53,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self, request: pb.DescribeRequest, context: grpc.ServicerContext
     ) -> pb.DescribeResponse:
         spec, pool = self.loaded.spec, self.engine.pool
+        store = self.engine.swap.info()
         return pb.DescribeResponse(
             model=self.model_arg,
             model_path=str(self.loaded.model_path),
@@ -70,6 +71,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             num_kv_heads=spec.num_kv_heads,
             head_dim=spec.head_dim,
             worker_version=fastserve.__version__,
+            kvstore_address=store.address,
+            store_connected=store.connected,
+            store_capacity_blocks=store.capacity_blocks,
+            store_same_node=store.same_node,
+            store_block_bytes=store.block_bytes,
         )
 
     def Profile(
@@ -148,7 +154,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
 def _fail_all(request: pb.StepRequest, message: str) -> StepOutcome:
     ids = dict.fromkeys(
-        [*(j.job_id for j in request.new_jobs), *(c.job_id for c in request.commands)]
+        [
+            *(s.job_id for s in request.swap_out),
+            *(s.job_id for s in request.swap_in),
+            *(j.job_id for j in request.new_jobs),
+            *(c.job_id for c in request.commands),
+        ]
     )
     return StepOutcome(errors=[JobError(j, ErrorCode.INTERNAL, message) for j in ids])
 

@@ -17,6 +17,8 @@ from worker_svc.engine import (
     NewJob,
     StepCommand,
     StepOutcome,
+    SwapIn,
+    SwapStats,
 )
 from worker_svc.profiler import DecodePoint, PrefillPoint, Profile
 from worker_svc.sampler import SamplingParams
@@ -53,7 +55,11 @@ def step_command_from_proto(msg: pb.StepRequest) -> tuple[StepCommand, list[JobE
     An entry that fails to translate is dropped with an INVALID_ARGUMENT error for its job;
     the rest of the Step still runs.
     """
-    cmd = StepCommand(free_job_ids=list(msg.free_job_ids))
+    cmd = StepCommand(
+        free_job_ids=list(msg.free_job_ids),
+        swap_out=[s.job_id for s in msg.swap_out],
+        swap_in=[SwapIn(s.job_id, list(s.block_ids)) for s in msg.swap_in],
+    )
     errors: list[JobError] = []
     for i, new in enumerate(msg.new_jobs):
         try:
@@ -91,6 +97,40 @@ def step_command_to_proto(cmd: StepCommand, step_id: int = 0) -> pb.StepRequest:
             for c in cmd.commands
         ],
         free_job_ids=cmd.free_job_ids,
+        swap_out=[pb.SwapOut(job_id=j) for j in cmd.swap_out],
+        swap_in=[pb.SwapIn(job_id=s.job_id, block_ids=s.block_ids) for s in cmd.swap_in],
+    )
+
+
+def swap_stats_to_proto(stats: SwapStats) -> pb.SwapStats:
+    return pb.SwapStats(
+        num_blocks_out=stats.num_blocks_out,
+        num_bytes_out=stats.num_bytes_out,
+        num_blocks_in=stats.num_blocks_in,
+        num_bytes_in=stats.num_bytes_in,
+        copy_time_s=stats.copy_time_s,
+        num_swap_ins_hidden=stats.num_swap_ins_hidden,
+        num_swap_ins_waited=stats.num_swap_ins_waited,
+        failures=stats.failures,
+        store_free_blocks=stats.store_free_blocks,
+        num_offloaded_jobs=stats.num_offloaded_jobs,
+        num_copies_in_flight=stats.num_copies_in_flight,
+    )
+
+
+def swap_stats_from_proto(msg: pb.SwapStats) -> SwapStats:
+    return SwapStats(
+        num_blocks_out=msg.num_blocks_out,
+        num_bytes_out=msg.num_bytes_out,
+        num_blocks_in=msg.num_blocks_in,
+        num_bytes_in=msg.num_bytes_in,
+        copy_time_s=msg.copy_time_s,
+        num_swap_ins_hidden=msg.num_swap_ins_hidden,
+        num_swap_ins_waited=msg.num_swap_ins_waited,
+        failures=dict(msg.failures),
+        store_free_blocks=msg.store_free_blocks if msg.HasField("store_free_blocks") else None,
+        num_offloaded_jobs=msg.num_offloaded_jobs,
+        num_copies_in_flight=msg.num_copies_in_flight,
     )
 
 
@@ -114,6 +154,8 @@ def step_outcome_to_proto(
         compute_time_s=out.compute_time_s,
         num_used_blocks=num_used_blocks,
         num_free_blocks=num_free_blocks,
+        swap_wait_s=out.swap_wait_s,
+        swap=swap_stats_to_proto(out.swap),
     )
 
 
@@ -130,6 +172,8 @@ def step_outcome_from_proto(msg: pb.StepResponse) -> StepOutcome:
         ],
         errors=[JobError(e.job_id, ErrorCode(e.code), e.message) for e in msg.errors],
         compute_time_s=msg.compute_time_s,
+        swap_wait_s=msg.swap_wait_s,
+        swap=swap_stats_from_proto(msg.swap),
     )
 
 

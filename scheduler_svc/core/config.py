@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+KV_POLICIES = ("proactive", "reactive", "recompute", "defer")
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
@@ -29,6 +31,23 @@ class SchedulerConfig:
     # A job that has not run for this long is promoted to Q1 (starvation prevention). The
     # FastServe authors' code uses 3 s; lower it for tighter tail latency.
     starve_limit_s: float = 3.0
+    # What happens to the KV of paused jobs when device blocks run short (FastServe section 3):
+    # "proactive": offload the jobs with the largest Estimated Next Scheduled Time to the
+    #   node's KV store ahead of need, keep a headroom of free blocks, and upload the jobs
+    #   about to run one iteration before they run, overlapped with compute;
+    # "reactive": swap a paused job out only when a higher-priority job needs its blocks, and
+    #   back in at the moment it is scheduled (the copy sits on the critical path);
+    # "recompute": drop a paused job's KV when a higher-priority job needs its blocks, and
+    #   prefill its prompt and output again when it next runs;
+    # "defer": paused jobs keep their KV; a new job waits for free blocks (vLLM-like).
+    # Without a KV store, "proactive" and "reactive" keep paused jobs' KV as "defer" does.
+    # Under every policy, when nothing at all can run, the oldest job takes the blocks of the
+    # newest (offloaded when a store has room, else dropped), so the system never deadlocks.
+    kv_policy: str = "proactive"
+    # Proactive headroom: free device blocks kept for arrivals, sized as the blocks of the
+    # prompts admitted in the last `kv_headroom_window_s`, capped at `kv_headroom_max` of the pool.
+    kv_headroom_window_s: float = 1.0
+    kv_headroom_max: float = 0.25
 
     def __post_init__(self) -> None:
         def check(name: str, ok: bool, limit: str) -> None:
@@ -45,3 +64,6 @@ class SchedulerConfig:
         check("mlfq_q1_quantum_s", self.mlfq_q1_quantum_s is None or self.mlfq_q1_quantum_s > 0,
               "> 0 (or unset)")
         check("starve_limit_s", self.starve_limit_s > 0, "> 0")
+        check("kv_policy", self.kv_policy in KV_POLICIES, f"one of {', '.join(KV_POLICIES)}")
+        check("kv_headroom_window_s", self.kv_headroom_window_s >= 0, ">= 0")
+        check("kv_headroom_max", 0.0 <= self.kv_headroom_max < 1.0, "in [0, 1)")

@@ -35,6 +35,10 @@ class CostModel:
     prefill: tuple[tuple[float, float], ...]
     name: str = "profile"
     source: str = ""
+    # KV swaps between the device and the node's KV store: bytes of KV per token (all layers,
+    # keys and values) and the copy bandwidth one way. 0 = swaps cost nothing.
+    kv_bytes_per_token: int = 0
+    swap_bytes_per_s: float = 0.0
 
     def __post_init__(self) -> None:
         for label, pts in (("decode", self.decode), ("prefill", self.prefill)):
@@ -66,6 +70,12 @@ class CostModel:
             t += max(self.decode_time(num_decodes) - self.prefill_time(1), 0.0)
         return t
 
+    def swap_time(self, num_blocks: int, block_size: int) -> float:
+        """Seconds to copy ``num_blocks`` KV blocks one way between device and store."""
+        if self.swap_bytes_per_s <= 0:
+            return 0.0
+        return num_blocks * block_size * self.kv_bytes_per_token / self.swap_bytes_per_s
+
     @classmethod
     def from_profile(cls, decode: list[tuple[int, float]], prefill: list[tuple[int, float]],
                      name: str = "profile") -> CostModel:
@@ -83,6 +93,10 @@ OPT_13B_A100 = CostModel(
     prefill=((1, 0.024), (128, 0.040), (512, 0.090), (1024, 0.170), (2048, 0.340)),
     name="opt-13b-a100",
     source="FastServe (arXiv 2305.05920) setup; Orca (OSDI'22) and vLLM (SOSP'23) OPT-13B latencies",
+    # 2 (K, V) x 40 layers x 5120 hidden x 2 bytes (FP16); PCIe 4.0 x16 host copies from
+    # pinned memory at ~25 GB/s.
+    kv_bytes_per_token=2 * 40 * 5120 * 2,
+    swap_bytes_per_s=25e9,
 )
 
 PUBLISHED = {OPT_13B_A100.name: OPT_13B_A100}

@@ -55,6 +55,9 @@ class Job:
     blocks: list[int] = field(default_factory=list)
     num_computed: int = 0  # tokens whose KV the worker holds
     on_worker: bool = False  # the worker has been sent this job (NewJob) and not told to free it
+    # Blocks of this job's KV in the node's KV store: > 0 while it is offloaded (then it holds
+    # no device blocks, and the worker keeps its tokens and sampler state).
+    stored: int = 0
     # Timing (scheduler clock).
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
@@ -64,6 +67,7 @@ class Job:
     # Failed because its worker was lost (not because of the request): clients see UNAVAILABLE.
     worker_lost: bool = False
     num_recomputes: int = 0
+    num_offloads: int = 0
 
     @property
     def num_tokens(self) -> int:

@@ -120,6 +120,34 @@ class SkipJoinMLFQ(Policy):
         for job in reversed(stay):  # back to the head, keeping their batch order
             self._queues[self.level[job.job_id]].move_to_end(job.job_id, last=False)
 
+    def enst(self, now: float, batch_size: int, iteration_s: float) -> dict[int, float]:
+        """``ENST(i) = min(T_promote(i), T_execute(i))`` (FastServe section 3).
+
+        T_promote: time left until starvation promotion lifts job i to Q1 (none for a Q1 job).
+        T_execute: ``(1/B) * sum over the jobs j ahead of i`` of the service j receives before
+        it is demoted below i's queue: what is left of j's quantum in its own queue plus the
+        full quanta of the queues from just below j's down to i's. One pass in priority order
+        with running sums, so it costs O(live jobs).
+        """
+        self._promote_starving(now)
+        # below[l] = sum of the quanta of queues 0..l-1.
+        below = [0.0]
+        for q in self.quanta:
+            below.append(below[-1] + q)
+        limit = self.config.starve_limit_s
+        out: dict[int, float] = {}
+        ahead = rem_sum = below_sum = 0.0
+        for lvl, queue in enumerate(self._queues):
+            for jid in queue:
+                t_exec = (rem_sum + ahead * below[lvl + 1] - below_sum) / batch_size
+                t_promote = (max(limit - (now - self.last_run[jid]), 0.0) if lvl
+                             else float("inf"))
+                out[jid] = min(t_exec, t_promote)
+                ahead += 1
+                rem_sum += max(self.quanta[lvl] - self.service[jid], 0.0)
+                below_sum += below[lvl + 1]
+        return out
+
     def queues(self) -> list[tuple[str, int]]:
         return [(f"Q{i + 1}", len(q)) for i, q in enumerate(self._queues)]
 

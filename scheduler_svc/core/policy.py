@@ -66,6 +66,15 @@ class Policy(ABC):
     def on_iteration(self, ran: list[Job], elapsed_s: float, now: float) -> None:
         """An iteration that ran ``ran`` took ``elapsed_s``: charge service, demote..."""
 
+    def enst(self, now: float, batch_size: int, iteration_s: float) -> dict[int, float]:
+        """Estimated Next Scheduled Time of every live job, in seconds from ``now``.
+
+        The KV planner offloads the largest and uploads the smallest. This default reads it
+        off the ranking: the jobs ahead of a job fill ``batch_size`` slots per iteration.
+        """
+        return {job.job_id: (i // batch_size) * iteration_s
+                for i, job in enumerate(self.order(now))}
+
     @abstractmethod
     def queues(self) -> list[tuple[str, int]]:
         """Queue names and depths, for Status and metrics."""

@@ -7,15 +7,28 @@ Block ownership, the invariant everything else leans on:
 |-------------------------------|-------------------------------|----------------------|
 | waiting, never scheduled      | none                          | no                   |
 | scheduled                     | ceil(computed or in-flight / block_size) | yes       |
+| offloaded to the KV store     | none; ``job.stored`` in store | yes (tokens, RNG)    |
 | preempted by recompute        | none                          | no (freed)           |
 | finished / cancelled / failed | none (returned at once)       | freed in next Step   |
 
 Blocks returned while a Step is in flight are safe to reuse in the next Step because the
-worker applies ``free_job_ids`` before ``new_jobs`` and ``commands``.
+worker applies ``free_job_ids`` before ``new_jobs`` and ``commands``; blocks of a job swapped
+out are reusable in the very Step that swaps it out, because the worker lets nothing write a
+block before the swap-out reading it is done.
+
+KV memory (FastServe section 3; ``config.kv_policy``): paused jobs keep their KV on the device
+until a higher-priority job needs the blocks (``reactive``, ``recompute``), or until the
+planner moves it to the node's KV store ahead of need (``proactive``: after the batch is
+formed, offload the paused jobs with the largest Estimated Next Scheduled Time while free
+blocks are under the headroom, and upload the offloaded jobs whose ENST is within two
+iterations, so their copy overlaps this iteration's compute). ``defer`` never moves KV. When
+the store is full, new jobs wait rather than push anyone out; a started job that cannot run
+drops the KV of the lowest-priority paused job as a last resort.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -24,6 +37,9 @@ from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.cost_model import CostModel
 from scheduler_svc.core.job import Job, JobStatus
 from scheduler_svc.core.policy import Policy, make_policy
+
+# After the store refuses a swap-out (full, or gone), KV stays where it is for this long.
+STORE_RETRY_S = 1.0
 
 
 @dataclass
@@ -43,12 +59,21 @@ class Command:
 
 
 @dataclass
+class SwapIn:
+    job_id: int
+    block_ids: list[int]  # the job's new block table: blocks_for(num_computed) blocks
+    stored: int = 0  # store blocks the upload releases once confirmed
+
+
+@dataclass
 class StepPlan:
     """One iteration for the worker: wire-independent, lists of ints."""
 
     new_jobs: list[NewJobSpec] = field(default_factory=list)
     commands: list[Command] = field(default_factory=list)
     free_job_ids: list[int] = field(default_factory=list)
+    swap_out: list[int] = field(default_factory=list)  # job ids
+    swap_in: list[SwapIn] = field(default_factory=list)
     batch: list[Job] = field(default_factory=list)  # batch[i] is the job of commands[i]
     num_batched_tokens: int = 0
 
@@ -66,6 +91,12 @@ class StepResult:
     results: list[TokenResult] = field(default_factory=list)
     errors: list[tuple[int, str]] = field(default_factory=list)  # (job_id, message)
     compute_time_s: float = 0.0
+    # Jobs whose KV the worker lost (a swap failed) and forgot: recomputed, not failed.
+    kv_lost: list[int] = field(default_factory=list)
+    # Swap-outs the worker refused (store full or unreachable): the job stays on the device.
+    swap_refused: list[int] = field(default_factory=list)
+    # Time this iteration waited for its own jobs' swaps.
+    swap_wait_s: float = 0.0
 
 
 @dataclass
@@ -92,6 +123,76 @@ class Stats:
     num_demotions: int
     num_promotions: int
     num_finished: dict[str, int]
+    kv_policy: str = ""
+    store_blocks: int = 0  # the KV store's capacity for this worker group (0: no store)
+    store_used_blocks: int = 0
+    num_offloaded: int = 0  # live jobs whose KV is in the store
+    num_swap_outs: int = 0
+    num_swap_ins: int = 0
+    num_kv_lost: int = 0  # swaps that failed on the worker (the job was recomputed)
+    swap_wait_s: float = 0.0
+
+
+class _Space:
+    """The lower-priority paused jobs whose blocks a job that does not fit may take.
+
+    Candidates are the jobs holding device blocks that rank below the job asking in this
+    Step's priority walk (or that it has not reached), outside the batch, largest ENST first.
+    Built on first use,
+    at most once per Step; a request larger than everything evictable marks that size as
+    hopeless for the rest of the Step, so a long queue of jobs that cannot fit costs little.
+    """
+
+    def __init__(self, core: SchedulerCore, now: float, plan: StepPlan, seen: dict[int, int]):
+        self.core = core
+        self.now = now
+        self.plan = plan
+        self.seen = seen
+        self._victims: list[Job] | None = None
+        self._hopeless = float("inf")
+
+    def make(self, job: Job, short: int, chosen: set[int], keep: Iterable[int],
+             last_resort: bool = False) -> None:
+        """Evict until ``short`` more blocks are free, or evict nothing if that cannot be done.
+
+        ``last_resort``: a started job may drop victims' KV when the store cannot take it;
+        a new job only displaces paused jobs the store can take (a full store stops
+        admitting new prefills).
+        """
+        core = self.core
+        if short <= 0 or short >= self._hopeless:
+            return
+        if self._victims is None:
+            enst = core.policy.enst(self.now, core.config.max_batch_size,
+                                    core._last_iteration_s)
+            self._victims = sorted(core._holding.values(),
+                                   key=lambda j: enst.get(j.job_id, 0.0), reverse=True)
+        swaps = core.config.kv_policy in ("reactive", "proactive") and core._store_up
+        drops = core.config.kv_policy == "recompute" or last_resort
+        rank = self.seen[job.job_id]
+        self._victims = [v for v in self._victims
+                         if v.blocks and self.seen.get(v.job_id, rank + 1) > rank]
+        picked, total, room = [], 0, core._store_free()
+        for v in self._victims:
+            if v.job_id in chosen or v.job_id in keep:
+                continue
+            if swaps and core._swappable(v) and len(v.blocks) <= room:
+                room -= len(v.blocks)
+            elif not drops:
+                continue
+            picked.append(v)
+            total += len(v.blocks)
+            if total >= short:
+                break
+        if total < short:
+            self._hopeless = short
+            return
+        for v in picked:
+            core._evict(v, self.plan, drop_ok=drops)
+        if self.plan.swap_out:
+            # Offloaded blocks are reusable from the next Step on (see _swap_out): the job
+            # asking starts then, and nobody else evicts for blocks already on their way.
+            self._hopeless = 0
 
 
 class SchedulerCore:
@@ -99,7 +200,7 @@ class SchedulerCore:
 
     def __init__(self, config: SchedulerConfig, num_blocks: int, block_size: int,
                  max_context: int, policy: Policy | None = None,
-                 cost_model: CostModel | None = None):
+                 cost_model: CostModel | None = None, store_blocks: int = 0):
         self.config = config
         self.max_context = max_context
         self.allocator = BlockAllocator(num_blocks, block_size)
@@ -115,6 +216,22 @@ class SchedulerCore:
         self.num_recomputes = 0
         self._last_batch: set[int] = set()
         self.num_finished: dict[str, int] = {}
+        # KV store accounting: capacity and blocks held there (including uploads in flight,
+        # released when their Step's result confirms them).
+        self.store_blocks = store_blocks
+        self.store_used = 0
+        self._offloaded: dict[int, Job] = {}
+        self._holding: dict[int, Job] = {}  # jobs with device blocks
+        self._outgoing: dict[int, list[int]] = {}  # swapped out, blocks not yet confirmed free
+        # A refused swap-out means the store is full or gone: no swaps until this time.
+        self._store_retry_at = 0.0
+        self._store_up = store_blocks > 0
+        self._arrivals: deque[tuple[float, int]] = deque()  # (time, prompt blocks)
+        self._last_iteration_s = cost_model.min_iteration_time if cost_model else 0.05
+        self.num_swap_outs = 0
+        self.num_swap_ins = 0
+        self.num_kv_lost = 0
+        self.swap_wait_s = 0.0
 
     # ---- admission and termination -------------------------------------------------------
     @property
@@ -134,6 +251,7 @@ class SchedulerCore:
         self.jobs[job.job_id] = job
         self._num_waiting += not job.started
         self.policy.add(job, now)
+        self._arrivals.append((now, blocks_for(job.num_tokens + 1, self.allocator.block_size)))
 
     def finish(self, job: Job, status: JobStatus, now: float, error: str = "") -> None:
         """End a live job: release its blocks now and free it on the worker next Step."""
@@ -145,6 +263,7 @@ class SchedulerCore:
         job.finish_time = now
         job.error = error
         self._release(job)
+        self._unstore(job)  # the worker frees its store handles with the job
         if job.on_worker:
             self._pending_frees.append(job.job_id)
             job.on_worker = False
@@ -177,6 +296,7 @@ class SchedulerCore:
         """The next iteration's plan, or None when there is nothing to send."""
         plan = StepPlan(free_job_ids=self._pending_frees)
         self._pending_frees = []
+        self._store_up = self.store_blocks > 0 and now >= self._store_retry_at
         order = self.policy.order(now)
         chosen: set[int] = set()
         budget = self.config.max_batched_tokens
@@ -192,6 +312,7 @@ class SchedulerCore:
         prefills: list[Job] = []
         rank: dict[int, int] = {}
         bs = self.allocator.block_size
+        space = _Space(self, now, plan, rank) if self._may_evict() else None
         for job in order:
             if len(plan.batch) + len(prefills) >= self.config.max_batch_size or budget <= 0:
                 break
@@ -200,9 +321,31 @@ class SchedulerCore:
                 holders_seen += 1
             elif stuck and holders_seen == self._num_holders:
                 break
-            if job.num_pending > 1:
-                if self._fit_blocks(job, min(job.num_pending, budget)) > 0:
+            if job.stored:  # offloaded: swapped in now, in the Step that runs it
+                n = 1 if job.num_pending == 1 else min(job.num_pending, budget)
+                need = blocks_for(job.num_computed + n, bs)
+                # Reactive swapping makes room here, on the critical path; the proactive
+                # planner makes its exchanges ahead of time, by ENST, and only fills free
+                # blocks here.
+                if (need > self.allocator.num_free and space is not None
+                        and self.config.kv_policy != "proactive"):
+                    space.make(job, need - self.allocator.num_free, chosen, (),
+                               last_resort=True)
+                if need > self.allocator.num_free:
+                    continue
+                self._swap_in(job, plan)
+                if job.num_pending > 1:
                     prefills.append(job)
+                    continue
+                self._add_to_plan(job, 1, plan, now)
+            elif job.num_pending > 1:
+                n = min(job.num_pending, budget)
+                # A new job may push lower-priority paused jobs out (that is what lets a short
+                # arrival overtake long paused ones), once its chunk is sized below; a started
+                # job growing by a block waits instead (the last resort keeps the oldest moving).
+                if self._fit_blocks(job, n) > 0 or (space is not None and not job.started):
+                    prefills.append(job)
+                continue
             elif job.num_pending == 1:
                 if job.on_worker and job.num_computed < len(job.blocks) * bs:
                     # The common case, kept lean for long simulations: a decode whose next
@@ -216,10 +359,16 @@ class SchedulerCore:
                     self._add_to_plan(job, 1, plan, now)
                 else:
                     continue
-                chosen.add(job.job_id)
-                budget -= 1
+            else:
+                continue
+            chosen.add(job.job_id)
+            budget -= 1
+        in_prefill = {j.job_id for j in prefills}
         for job in prefills:
             n = self._fit_blocks(job, min(job.num_pending, budget))
+            if n == 0 and budget > 0 and space is not None and not job.started:
+                space.make(job, self._blocks_short(job, budget), chosen, in_prefill)
+                n = self._fit_blocks(job, min(job.num_pending, budget))
             if n > 0:
                 self._add_to_plan(job, n, plan, now)
                 chosen.add(job.job_id)
@@ -230,12 +379,29 @@ class SchedulerCore:
         plan.batch = [j for _, j in pairs]
         if not plan.batch:
             self._make_room(self.policy.order(now), budget, plan, now, chosen)
+        elif self.config.kv_policy == "proactive" and self._store_up:
+            self._plan_memory(now, plan, chosen)
         self.num_preemptions += sum(1 for j in self._last_batch
                                     if j not in chosen and j in self.jobs)
         self._last_batch = chosen
-        if not plan.batch and not plan.free_job_ids:
+        if not (plan.batch or plan.free_job_ids or plan.swap_out or plan.swap_in):
             return None
         return plan
+
+    def _may_evict(self) -> bool:
+        """Whether a job that does not fit may take a lower-priority paused job's blocks."""
+        policy = self.config.kv_policy
+        return policy == "recompute" or (policy in ("reactive", "proactive")
+                                         and self._store_up)
+
+    def _blocks_short(self, job: Job, n: int) -> int:
+        """Free blocks ``job`` lacks to compute ``n`` tokens (new jobs: with the watermark)."""
+        if not job.started:
+            reserve = self._watermark_blocks if self._num_holders else 0
+            need = blocks_for(job.num_tokens + 1, self.allocator.block_size) + reserve
+        else:
+            need = blocks_for(job.num_computed + n, self.allocator.block_size) - len(job.blocks)
+        return max(need - self.allocator.num_free, 0)
 
     def _fit_blocks(self, job: Job, n: int) -> int:
         """How many of ``n`` tokens ``job`` can compute given free blocks (0 = it waits).
@@ -262,46 +428,162 @@ class SchedulerCore:
                 return 0
         return n
 
+    # ---- KV memory: offload, upload, drop -------------------------------------------------
+    def _swappable(self, job: Job) -> bool:
+        """A paused job whose blocks hold exactly its computed KV (the worker stores the table)."""
+        return (job.on_worker and job.num_computed > 0
+                and len(job.blocks) == blocks_for(job.num_computed, self.allocator.block_size))
+
+    def _store_free(self) -> int:
+        return self.store_blocks - self.store_used
+
+    def _evict(self, victim: Job, plan: StepPlan, drop_ok: bool) -> bool:
+        """Free ``victim``'s device blocks: offload when the policy swaps and the store has
+        room, else drop its KV when ``drop_ok``. Whether its blocks were freed."""
+        swaps = self.config.kv_policy in ("reactive", "proactive") and self._store_up
+        if (swaps and self._swappable(victim)
+                and len(victim.blocks) <= self._store_free()):
+            self._swap_out(victim, plan)
+            return True
+        if self.config.kv_policy == "recompute" or drop_ok:
+            self._preempt(victim, plan)
+            return True
+        return False
+
+    def _swap_out(self, job: Job, plan: StepPlan) -> None:
+        """Offload ``job``. Its blocks are reused only after the Step's result confirms the
+        offload: a worker whose store refuses it (full, or gone) keeps the job on the device,
+        and the job then keeps its blocks here too."""
+        n = len(job.blocks)
+        self._outgoing[job.job_id] = job.blocks
+        self._num_holders -= 1
+        del self._holding[job.job_id]
+        job.blocks = []
+        job.stored = n
+        job.num_offloads += 1
+        self.store_used += n
+        self._offloaded[job.job_id] = job
+        self.num_swap_outs += 1
+        plan.swap_out.append(job.job_id)
+
+    def _swap_in(self, job: Job, plan: StepPlan) -> None:
+        """Give an offloaded job device blocks for its KV; the store copy is released when the
+        Step's result confirms the upload (until then it still occupies the store)."""
+        n = blocks_for(job.num_computed, self.allocator.block_size)
+        blocks = self.allocator.allocate(n)
+        self._hold(job, blocks)
+        plan.swap_in.append(SwapIn(job.job_id, list(blocks), job.stored))
+        del self._offloaded[job.job_id]
+        job.stored = 0
+        self.num_swap_ins += 1
+
+    def _unstore(self, job: Job) -> None:
+        if job.stored:
+            self.store_used -= job.stored
+            job.stored = 0
+            del self._offloaded[job.job_id]
+
+    def _headroom(self, now: float) -> int:
+        """Free blocks to keep for arrivals: the prompts of the last headroom window."""
+        arrivals = self._arrivals
+        horizon = now - self.config.kv_headroom_window_s
+        while arrivals and arrivals[0][0] < horizon:
+            arrivals.popleft()
+        cap = int(self.config.kv_headroom_max * self.allocator.num_blocks)
+        return min(sum(b for _, b in arrivals), cap)
+
+    def _plan_memory(self, now: float, plan: StepPlan, chosen: set[int]) -> None:
+        """Proactive offload and upload by ENST, issued one iteration ahead of need."""
+        headroom = self._headroom(now)
+        if not self._offloaded and self.allocator.num_free >= headroom:
+            return
+        iteration_s = self._last_iteration_s
+        enst = self.policy.enst(now, self.config.max_batch_size, iteration_s)
+        soon = 2.0 * iteration_s  # uploads start this far ahead (the copy overlaps this Step)
+        # Offload only jobs that will not run for a while: a job moved out and straight back
+        # costs two copies and gains nothing.
+        later = 4.0 * soon
+        busy = chosen | set(plan.swap_out)
+        # Paused device jobs, largest ENST first: the ones to offload.
+        paused = sorted((j for j in self._holding.values()
+                         if j.job_id not in busy and self._swappable(j)),
+                        key=lambda j: enst.get(j.job_id, 0.0), reverse=True)
+        bs = self.allocator.block_size
+        for job in sorted(self._offloaded.values(), key=lambda j: enst.get(j.job_id, 0.0)):
+            t = enst.get(job.job_id, float("inf"))
+            if t > soon:
+                break
+            need = blocks_for(job.num_computed + 1, bs)
+            # Make room by offloading paused jobs that will run later than this one.
+            while self.allocator.num_free < need and paused:
+                victim = paused[0]
+                if (enst.get(victim.job_id, 0.0) <= max(t, later)
+                        or len(victim.blocks) > self._store_free()):
+                    break
+                paused.pop(0)
+                self._swap_out(victim, plan)
+            if self.allocator.num_free < need:
+                break
+            self._swap_in(job, plan)
+            busy.add(job.job_id)
+        # Restore the headroom with the paused jobs that will not run soon.
+        while self.allocator.num_free < headroom and paused:
+            victim = paused.pop(0)
+            if enst.get(victim.job_id, 0.0) <= later:
+                break
+            if len(victim.blocks) <= self._store_free():
+                self._swap_out(victim, plan)
+
     def _make_room(self, order: Iterable[Job], budget: int, plan: StepPlan, now: float,
                    chosen: set[int]) -> None:
-        """Nothing fits: the oldest started job takes blocks from the newest ones (their KV is
-        dropped and recomputed later), vLLM-style.
+        """Nothing fits: the oldest started job takes blocks from the newest ones (offloaded
+        when the store has room, else their KV is dropped and recomputed later), vLLM-style.
 
         Only here, when the batch would otherwise be empty, so a job holding blocks keeps
         running while others wait; and by age, not by the policy's (changing) priorities, so
         the oldest job never loses its KV and always progresses: jobs cannot evict each other
-        in turn forever. Host-memory offloading (the KV store) replaces most of this.
+        in turn forever.
         """
         started = [j for j in order if j.started and j.num_pending > 0]
         if not started:
             return
         age = lambda j: (j.arrival_time, j.job_id)
         oldest = min(started, key=age)
-        victims = sorted((j for j in self.jobs.values() if j is not oldest and j.blocks),
+        victims = sorted((j for j in self._holding.values() if j is not oldest),
                          key=age, reverse=True)
         n = min(oldest.num_pending, budget)
-        self._evict_for(oldest, n, victims, plan)
+        bs = self.allocator.block_size
+        need = blocks_for(oldest.num_computed + n, bs) - len(oldest.blocks)
+        for victim in victims:
+            if need <= self.allocator.num_free:
+                break
+            self._evict(victim, plan, drop_ok=True)
+        if oldest.stored:
+            if blocks_for(oldest.num_computed + n, bs) > self.allocator.num_free:
+                return
+            self._swap_in(oldest, plan)
         n = self._fit_blocks(oldest, n)
         if n > 0:
             self._add_to_plan(oldest, n, plan, now)
             chosen.add(oldest.job_id)
 
-    def _evict_for(self, job: Job, n: int, victims: list[Job], plan: StepPlan) -> None:
-        """Drop victims' KV, in the order given, until ``job`` has blocks for ``n`` tokens."""
-        need = blocks_for(job.num_computed + n, self.allocator.block_size) - len(job.blocks)
-        for victim in victims:
-            if need <= self.allocator.num_free:
-                return
-            if victim.blocks:
-                self._preempt(victim, plan)
+    def _hold(self, job: Job, blocks: list[int]) -> None:
+        if blocks and not job.blocks:
+            self._num_holders += 1
+            self._holding[job.job_id] = job
+        job.blocks.extend(blocks)
 
     def _release(self, job: Job) -> None:
-        self._num_holders -= bool(job.blocks)
+        if job.blocks:
+            self._num_holders -= 1
+            del self._holding[job.job_id]
         self.allocator.free(job.blocks)
         job.blocks = []
 
     def _preempt(self, victim: Job, plan: StepPlan) -> None:
+        """Drop ``victim``'s KV: it is computed again from its prompt and output later."""
         self._release(victim)
+        self._unstore(victim)
         victim.num_computed = 0
         victim.num_recomputes += 1
         self.num_recomputes += 1
@@ -314,8 +596,7 @@ class SchedulerCore:
                                                                job.num_tokens + 1)
         need = blocks_for(tokens, self.allocator.block_size) - len(job.blocks)
         new_blocks = self.allocator.allocate(max(need, 0))
-        self._num_holders += not job.blocks and bool(new_blocks)
-        job.blocks.extend(new_blocks)
+        self._hold(job, new_blocks)
         if job.on_worker:
             plan.commands.append(Command(job.job_id, n, new_blocks))
         else:
@@ -334,8 +615,30 @@ class SchedulerCore:
     def update(self, plan: StepPlan, result: StepResult, now: float) -> list[JobUpdate]:
         """Apply the worker's answer to ``plan``: append tokens, finish jobs, charge service."""
         self.num_iterations += 1
+        if plan.batch and result.compute_time_s > 0:
+            self._last_iteration_s = result.compute_time_s
+        self.swap_wait_s += result.swap_wait_s
+        for s in plan.swap_in:  # uploads done (or failed: then the worker freed the handles)
+            self.store_used -= s.stored
+        refused = set(result.swap_refused).intersection(plan.swap_out)
+        for job_id in plan.swap_out:
+            blocks = self._outgoing.pop(job_id)
+            job = self.jobs.get(job_id)
+            if job_id in refused:
+                self._store_retry_at = now + STORE_RETRY_S
+            if job_id in refused and job is not None and job.stored:
+                self._unstore(job)  # still on the device, with its KV
+                self._hold(job, blocks)
+            else:
+                self.allocator.free(blocks)
+        for job_id in result.kv_lost:
+            job = self.jobs.get(job_id)
+            if job is not None:
+                self._lose_kv(job)
         updates: list[JobUpdate] = []
         for job_id, message in result.errors:
+            if job_id in refused:
+                continue
             job = self.jobs.get(job_id)
             if job is not None:
                 self.finish(job, JobStatus.FAILED, now, f"worker: {message}")
@@ -358,6 +661,16 @@ class SchedulerCore:
         self.policy.on_iteration(ran, result.compute_time_s, now)
         return updates
 
+    def _lose_kv(self, job: Job) -> None:
+        """The worker lost this job's KV (a failed swap) and forgot the job: recompute it."""
+        self.num_kv_lost += 1
+        self._release(job)
+        self._unstore(job)
+        job.num_computed = 0
+        job.on_worker = False
+        job.num_recomputes += 1
+        self.num_recomputes += 1
+
     def _finish_status(self, job: Job) -> JobStatus | None:
         if not job.ignore_eos and job.output[-1] in job.eos_token_ids:
             return JobStatus.FINISHED_STOPPED
@@ -379,14 +692,30 @@ class SchedulerCore:
             num_demotions=self.policy.num_demotions,
             num_promotions=self.policy.num_promotions,
             num_finished=dict(self.num_finished),
+            kv_policy=self.config.kv_policy,
+            store_blocks=self.store_blocks,
+            store_used_blocks=self.store_used,
+            num_offloaded=len(self._offloaded),
+            num_swap_outs=self.num_swap_outs,
+            num_swap_ins=self.num_swap_ins,
+            num_kv_lost=self.num_kv_lost,
+            swap_wait_s=self.swap_wait_s,
         )
 
     def check_invariants(self) -> None:
         """Free + held == total, and no block held twice (run when idle and in tests)."""
         assert self._num_waiting == sum(1 for j in self.jobs.values() if not j.started)
         assert self._num_holders == sum(1 for j in self.jobs.values() if j.blocks)
+        assert set(self._holding) == {j.job_id for j in self.jobs.values() if j.blocks}
+        assert set(self._offloaded) == {j.job_id for j in self.jobs.values() if j.stored}
+        assert all(not j.blocks for j in self._offloaded.values()), "offloaded job holds blocks"
+        assert self.store_used == sum(j.stored for j in self.jobs.values()), (
+            f"store: {self.store_used} used != {sum(j.stored for j in self.jobs.values())} held"
+        )
+        assert 0 <= self.store_used <= self.store_blocks, f"store: {self.store_used} used"
         held = [b for j in self.jobs.values() for b in j.blocks]
         assert len(held) == len(set(held)), "a block is held by two jobs"
+        held += [b for blocks in self._outgoing.values() for b in blocks]
         assert len(held) + self.allocator.num_free == self.allocator.num_blocks, (
             f"{len(held)} held + {self.allocator.num_free} free != {self.allocator.num_blocks}"
         )

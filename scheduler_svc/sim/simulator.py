@@ -62,11 +62,21 @@ class SimResult:
     num_skipped: int = 0  # prompt alone does not fit in max_context
     num_clipped: int = 0  # output shortened to fit in max_context
     sim_end_s: float = 0.0
+    kv_policy: str = ""
+    num_recomputes: int = 0
+    num_swap_outs: int = 0
+    num_swap_ins: int = 0
+    swap_wait_s: float = 0.0  # iterations' total wait for their own jobs' uploads
 
     def summary(self) -> dict:
-        """``summarize()``'s keys, then num_preemptions, num_iterations and cost_model."""
+        """``summarize()``'s keys, then the core's counters and the cost model's name."""
         out = summarize(self.records, self.policy, self.rate)
+        out["kv_policy"] = self.kv_policy
         out["num_preemptions"] = self.num_preemptions
+        out["num_recomputes"] = self.num_recomputes
+        out["num_swap_outs"] = self.num_swap_outs
+        out["num_swap_ins"] = self.num_swap_ins
+        out["swap_wait_s"] = self.swap_wait_s
         out["num_iterations"] = self.num_iterations
         out["cost_model"] = self.cost_model
         return out
@@ -111,13 +121,18 @@ def simulate(
     rate: float | None = None,
     progress: Callable[[int], None] | None = None,
     check_invariants: bool = False,
+    store_blocks: int = 0,
 ) -> SimResult:
     """Run ``requests`` through a ``SchedulerCore`` with ``config.policy`` on one simulated worker.
 
     ``max_context`` defaults to the whole KV pool (``num_blocks * block_size``); ``rate`` only
     labels the summary; ``progress(n)`` is told each time n more requests finish (tqdm's
     ``update``); ``check_invariants`` runs the core's block check after every iteration (slow,
-    for tests).
+    for tests); ``store_blocks`` is the node KV store's capacity for offloaded KV (0: none).
+
+    Swaps are modelled as one copy engine beside the compute: each Step's swap-outs, then its
+    swap-ins, are queued on it as the Step starts (``cost_model.swap_time``), and an iteration
+    waits only for the uploads of the jobs in its own batch.
     """
     pool_tokens = num_blocks * block_size
     if max_context is None:
@@ -128,7 +143,11 @@ def simulate(
             f"got {max_context}: a job that cannot hold its whole context in the pool never ends"
         )
     specs, skipped, clipped = _fit(requests, max_context)
-    core = SchedulerCore(config, num_blocks, block_size, max_context, cost_model=cost_model)
+    core = SchedulerCore(config, num_blocks, block_size, max_context, cost_model=cost_model,
+                         store_blocks=store_blocks)
+    swap_time = cost_model.swap_time
+    copy_free_at = 0.0  # the copy engine is busy until then
+    upload_done: dict[int, float] = {}  # job id -> when its upload completes
     records: list[RequestRecord | None] = [None] * len(specs)
     iteration_time = cost_model.iteration_time
     times: dict[tuple[int, int], float] = {}  # iteration_time is pure; batches repeat
@@ -174,18 +193,32 @@ def simulate(
             done = job.num_computed + n
             token = SIM_TOKEN if done == len(job.prompt) + len(job.output) else None
             results.append(TokenResult(cmd.job_id, done, token))
+        wait = 0.0
+        if plan.swap_out or plan.swap_in:
+            t_copy = max(now, copy_free_at)
+            for jid in plan.swap_out:
+                t_copy += swap_time(core.jobs[jid].stored, block_size)
+            for sw in plan.swap_in:
+                t_copy += swap_time(len(sw.block_ids), block_size)
+                upload_done[sw.job_id] = t_copy
+            copy_free_at = t_copy
+        if upload_done:
+            for job in plan.batch:
+                done_at = upload_done.pop(job.job_id, None)
+                if done_at is not None and done_at > now + wait:
+                    wait = done_at - now
         if plan.batch:
             key = (num_decodes, prefill_tokens)
             t = times.get(key)
             if t is None:
                 t = times[key] = iteration_time(num_decodes, prefill_tokens)
             num_iterations += 1
-        else:  # only frees: the worker computes nothing
+        else:  # only frees and swaps: the worker computes nothing
             t = 0.0
-        end = now + t
+        end = now + wait + t
         admit_until(end)  # arrived while the iteration ran, as in the service
         num_done = 0
-        for u in core.update(plan, StepResult(results, [], t), end):
+        for u in core.update(plan, StepResult(results, [], t, swap_wait_s=wait), end):
             if u.finished:
                 job = u.job
                 s = specs[job.job_id]
@@ -205,6 +238,9 @@ def simulate(
         policy=config.policy, cost_model=cost_model.name, rate=rate, records=done_records,
         num_iterations=num_iterations, num_preemptions=core.num_preemptions,
         num_skipped=skipped, num_clipped=clipped, sim_end_s=now,
+        kv_policy=config.kv_policy, num_recomputes=core.num_recomputes,
+        num_swap_outs=core.num_swap_outs, num_swap_ins=core.num_swap_ins,
+        swap_wait_s=core.swap_wait_s,
     )
 
 
@@ -254,6 +290,7 @@ def throughput_at_slo(
     refine_steps: int = 0,
     stop_at_first_miss: bool = True,
     progress: Callable[[int], None] | None = None,
+    store_blocks: int = 0,
 ) -> SloSearch:
     """The highest arrival rate whose mean latency per output token stays under the SLO.
 
@@ -268,7 +305,8 @@ def throughput_at_slo(
     def run(rate: float) -> bool:
         result = simulate(requests_fn(rate), config=config, cost_model=cost_model,
                           num_blocks=num_blocks, block_size=block_size,
-                          max_context=max_context, rate=rate, progress=progress)
+                          max_context=max_context, rate=rate, progress=progress,
+                          store_blocks=store_blocks)
         s = result.summary()
         ok = s["mean_latency_per_token_s"] <= slo
         search.curve.append(SloPoint(rate, s["mean_latency_per_token_s"], ok, s))

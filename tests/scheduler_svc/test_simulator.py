@@ -94,7 +94,9 @@ def test_every_policy_finishes_every_request_with_consistent_records(policy):
         assert rec.output_tokens == max(1, req.output_tokens)
         assert req.arrival_s < rec.first_token_s <= rec.finish_s
     s = result.summary()
-    assert list(s) == [*SUMMARY_KEYS, "num_preemptions", "num_iterations", "cost_model"]
+    assert list(s) == [*SUMMARY_KEYS, "kv_policy", "num_preemptions", "num_recomputes",
+                       "num_swap_outs", "num_swap_ins", "swap_wait_s", "num_iterations",
+                       "cost_model"]
     jcts = [r.finish_s - r.arrival_s for r in result.records]
     assert s["num_requests"] == 150 and s["policy"] == policy
     assert s["mean_jct_s"] == pytest.approx(sum(jcts) / len(jcts))

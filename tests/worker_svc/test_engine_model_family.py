@@ -11,9 +11,9 @@ from engine_driver import DriverJob, assert_matches, drive, hf_greedy
 
 from worker_svc.loader import EngineConfig, load_engine
 
-SMALL = dict(vocab_size=200, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-             num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=512,
-             eos_token_id=None, bos_token_id=None, pad_token_id=None)
+SMALL = {"vocab_size": 200, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 1, "max_position_embeddings": 512,
+         "eos_token_id": None, "bos_token_id": None, "pad_token_id": None}
 
 
 def _qwen2():

@@ -149,6 +149,7 @@ def test_describe(worker, tiny_llama_dir):
     assert d.max_context == cfg.max_position_embeddings
     assert list(d.eos_token_ids) == []
     assert d.worker_version == fastserve.__version__
+    assert (d.kvstore_address, d.store_connected, d.store_capacity_blocks) == ("", False, 0)
 
 
 def test_health_serving(worker):
@@ -245,6 +246,30 @@ def test_bad_entries_fail_alone_and_worker_keeps_serving(stream):
     assert r.results[0].HasField("token_id") and not r.results[1].HasField("token_id")
     r = stream.step(free_job_ids=[1, 6])
     assert not r.errors and r.num_used_blocks == 0
+
+
+def test_swaps_without_a_kvstore_fail_per_job(stream):
+    r = stream.step(
+        new_jobs=[new_job(1, [5, 6, 7], [0])], commands=[pb.JobCommand(job_id=1, num_tokens=3)]
+    )
+    assert not r.errors
+    r = stream.step(
+        swap_out=[pb.SwapOut(job_id=1), pb.SwapOut(job_id=8)],
+        swap_in=[pb.SwapIn(job_id=1, block_ids=[3])],
+        commands=[pb.JobCommand(job_id=1, num_tokens=1)],
+    )
+    errors = [(e.job_id, e.code) for e in r.errors]
+    assert errors == [
+        (1, pb.ERROR_CODE_UNAVAILABLE),
+        (8, pb.ERROR_CODE_NOT_FOUND),
+        (1, pb.ERROR_CODE_FAILED_PRECONDITION),  # a SwapIn of a job that is on the device
+    ]
+    assert "no kvstore configured" in r.errors[0].message
+    assert r.swap.failures == {"out:no_store": 1}
+    # Job 1 was left alone and still runs.
+    assert [res.job_id for res in r.results] == [1] and r.results[0].num_computed_tokens == 4
+    assert r.num_used_blocks == 1 and r.swap_wait_s == 0
+    stream.step(free_job_ids=[1])
 
 
 def test_one_scheduler_at_a_time_and_disconnect_frees_jobs(worker):

@@ -19,6 +19,8 @@ from worker_svc.engine import (
     NewJob,
     StepCommand,
     StepOutcome,
+    SwapIn,
+    SwapStats,
 )
 from worker_svc.profiler import DecodePoint, PrefillPoint, Profile
 from worker_svc.sampler import SamplingParams
@@ -41,6 +43,22 @@ step_commands = st.builds(
     new_jobs=st.lists(st.builds(NewJob, uint64, ids, sampling, ids), max_size=3),
     commands=st.lists(st.builds(JobCommand, uint64, int32, ids), max_size=3),
     free_job_ids=st.lists(uint64, max_size=3),
+    swap_out=st.lists(uint64, max_size=3),
+    swap_in=st.lists(st.builds(SwapIn, uint64, ids), max_size=3),
+)
+swap_stats = st.builds(
+    SwapStats,
+    num_blocks_out=uint32,
+    num_bytes_out=uint64,
+    num_blocks_in=uint32,
+    num_bytes_in=uint64,
+    copy_time_s=st.floats(allow_nan=False),
+    num_swap_ins_hidden=uint32,
+    num_swap_ins_waited=uint32,
+    failures=st.dictionaries(st.text(), uint32, max_size=3),
+    store_free_blocks=st.none() | uint64,
+    num_offloaded_jobs=uint32,
+    num_copies_in_flight=uint32,
 )
 step_outcomes = st.builds(
     StepOutcome,
@@ -49,6 +67,8 @@ step_outcomes = st.builds(
     ),
     errors=st.lists(st.builds(JobError, uint64, st.sampled_from(ErrorCode), st.text()), max_size=3),
     compute_time_s=st.floats(allow_nan=False),
+    swap_wait_s=st.floats(allow_nan=False),
+    swap=swap_stats,
 )
 
 

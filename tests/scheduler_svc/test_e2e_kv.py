@@ -1,0 +1,138 @@
+"""KV offload and upload through a real KV store, worker and scheduler (separate processes).
+
+A device pool far too small for the requests in flight forces the skip-join MLFQ to offload
+and upload jobs over and over; greedy output must match each request run alone, and every
+block on the device and in the store must be free at the end. Killing the store mid-run must
+only cost recomputation.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import pytest
+from procs import free_port, scrape_metrics, start_kvstore, start_scheduler, start_worker
+
+from fastserve.proto import scheduler_pb2 as spb
+from fastserve.proto import scheduler_pb2_grpc
+
+MAX_TOKENS = 48
+
+
+def prompts(n):
+    return [[100 + 7 * i + k for k in range(40 + 3 * i)] for i in range(n)]
+
+
+def generate(stub, ids, request_id=""):
+    req = spb.GenerateRequest(
+        token_ids=spb.TokenIds(ids=ids), request_id=request_id,
+        sampling=spb.SamplingOptions(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True))
+    out, final = [], None
+    for msg in stub.Generate(req, timeout=300):
+        if msg.HasField("chunk"):
+            out += list(msg.chunk.token_ids)
+        else:
+            final = msg.final
+    assert final is not None and final.finish_reason == spb.FINISH_REASON_LENGTH, final
+    return out
+
+
+def concurrently(stub, batch):
+    results: dict[int, list[int] | Exception] = {}
+
+    def run(i, ids):
+        try:
+            results[i] = generate(stub, ids, f"r{i}")
+        except Exception as e:  # noqa: BLE001 - handed to the test
+            results[i] = e
+
+    threads = [threading.Thread(target=run, args=(i, ids)) for i, ids in enumerate(batch)]
+    for t in threads:
+        t.start()
+        time.sleep(0.01)  # staggered arrivals: new jobs overtake paused ones
+    for t in threads:
+        t.join(300)
+    return [results[i] for i in range(len(batch))]
+
+
+class KVCluster:
+    def __init__(self, model, logs, kv_policy, store_address):
+        self.logs = logs
+        self.store_address = store_address
+        self.store = start_kvstore(logs, 64 << 20, "--listen", store_address)
+        self.worker = start_worker(str(model), logs, 20, "worker", "--block-size", "8",
+                                   "--kvstore", store_address)
+        self.metrics_port = free_port()
+        self.scheduler = start_scheduler(
+            str(model), [self.worker.address], logs, "--policy", "skip-join-mlfq",
+            "--kv-policy", kv_policy, "--max-batch-size", "2", "--starve-limit", "0.3",
+            "--metrics-port", str(self.metrics_port))
+        self.channel = grpc.insecure_channel(self.scheduler.address)
+        self.stub = scheduler_pb2_grpc.SchedulerStub(self.channel)
+
+    def metric(self, name):
+        return sum(v for (n, _), v in scrape_metrics(self.metrics_port).items() if n == name)
+
+    def close(self):
+        self.channel.close()
+        self.scheduler.stop()
+        self.worker.stop()
+        self.store.stop()
+
+
+@pytest.fixture(params=["proactive", "reactive"])
+def kv_cluster(request, tiny_tok_model, tmp_path):
+    cluster = KVCluster(tiny_tok_model, tmp_path, request.param, f"127.0.0.1:{free_port()}")
+    yield cluster
+    cluster.close()
+
+
+def test_heavy_swapping_keeps_greedy_output_and_frees_everything(kv_cluster):
+    batch = prompts(6)  # 88-103 tokens each: 11-13 blocks of 8; the pool has 20
+    alone = [generate(kv_cluster.stub, ids) for ids in batch]
+    before = kv_cluster.metric("fastserve:kv_swap_outs_total")
+    together = concurrently(kv_cluster.stub, batch)
+    assert together == alone
+    swaps = kv_cluster.metric("fastserve:kv_swap_outs_total") - before
+    assert swaps >= 3, f"only {swaps} offloads: the test did not put the pool under pressure"
+    assert kv_cluster.metric("fastserve:kv_swap_ins_total") >= swaps
+    assert kv_cluster.metric("fastserve:kv_lost_total") == 0
+    assert kv_cluster.metric("fastserve:kv_store_blocks_used") == 0
+    assert kv_cluster.metric("fastserve:kv_blocks_used") == 0
+
+
+def test_store_killed_mid_run_jobs_are_recomputed_then_store_reused(tiny_tok_model, tmp_path):
+    cluster = KVCluster(tiny_tok_model, tmp_path, "proactive", f"127.0.0.1:{free_port()}")
+    try:
+        batch = prompts(6)
+        alone = [generate(cluster.stub, ids) for ids in batch]
+        results = {}
+        runner = threading.Thread(target=lambda: results.update(
+            enumerate(concurrently(cluster.stub, batch))))
+        runner.start()
+        deadline = time.monotonic() + 60
+        while (cluster.metric("fastserve:kv_swap_outs_total") < 2
+               and time.monotonic() < deadline):
+            time.sleep(0.02)
+        cluster.store.kill()
+        runner.join(300)
+        assert [results[i] for i in range(len(batch))] == alone
+        # The store comes back on its address; the worker registers again and swaps resume.
+        cluster.store = start_kvstore(tmp_path, 64 << 20, "--listen", cluster.store_address,
+                                      name="kvstore-again")
+        lost = cluster.metric("fastserve:kv_lost_total")
+        before = cluster.metric("fastserve:kv_swap_outs_total")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            assert concurrently(cluster.stub, batch) == alone
+            if cluster.metric("fastserve:kv_swap_ins_total") and (
+                    cluster.metric("fastserve:kv_swap_outs_total") > before
+                    and cluster.metric("fastserve:kv_lost_total") == lost):
+                break
+        else:
+            pytest.fail("no successful swap after the store restarted")
+        assert cluster.metric("fastserve:kv_blocks_used") == 0
+    finally:
+        cluster.close()

@@ -1,0 +1,265 @@
+"""The scheduler's KV memory planner: offload, upload, drop, and the four kv policies.
+
+A small protocol model of the worker checks every plan the core sends: swaps only of jobs in
+the right place, swap-ins into free blocks of exactly the job's computed KV, no command for an
+offloaded job, no block owned twice. The real worker and store run in the e2e tests.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from core_driver import LINEAR, make_job
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.scheduler import SchedulerCore, StepResult, TokenResult
+
+BS = 4
+
+
+class WorkerModel:
+    """What a worker would hold after each Step; asserts the plan is valid for it."""
+
+    def __init__(self, num_blocks: int):
+        self.owner: dict[int, int] = {}
+        self.computed: dict[int, int] = {}
+        self.offloaded: set[int] = set()
+        self.num_blocks = num_blocks
+
+    def _claim(self, jid: int, blocks: list[int]) -> None:
+        for b in blocks:
+            assert 0 <= b < self.num_blocks
+            assert b not in self.owner, f"block {b} of job {self.owner.get(b)} given to {jid}"
+            self.owner[b] = jid
+
+    def _release(self, jid: int) -> None:
+        self.owner = {b: j for b, j in self.owner.items() if j != jid}
+
+    def apply(self, plan, core: SchedulerCore) -> list[TokenResult]:
+        for jid in plan.free_job_ids:
+            assert jid in self.computed, f"free of unknown job {jid}"
+            self._release(jid)
+            del self.computed[jid]
+            self.offloaded.discard(jid)
+        for jid in plan.swap_out:
+            assert jid in self.computed and jid not in self.offloaded
+            held = [b for b, j in self.owner.items() if j == jid]
+            assert len(held) == math.ceil(self.computed[jid] / BS) > 0
+            self._release(jid)
+            self.offloaded.add(jid)
+        for sw in plan.swap_in:
+            assert sw.job_id in self.offloaded, f"swap-in of job {sw.job_id} not offloaded"
+            assert len(sw.block_ids) == math.ceil(self.computed[sw.job_id] / BS)
+            self._claim(sw.job_id, sw.block_ids)
+            self.offloaded.discard(sw.job_id)
+        for n in plan.new_jobs:
+            assert n.job_id not in self.computed
+            self.computed[n.job_id] = 0
+            self._claim(n.job_id, n.block_ids)
+        results = []
+        for cmd in plan.commands:
+            assert cmd.job_id not in self.offloaded, f"command for offloaded job {cmd.job_id}"
+            self._claim(cmd.job_id, cmd.append_block_ids)
+            done = self.computed[cmd.job_id] + cmd.num_tokens
+            held = sum(1 for j in self.owner.values() if j == cmd.job_id)
+            assert held * BS >= done, f"job {cmd.job_id}: {done} tokens in {held} blocks"
+            self.computed[cmd.job_id] = done
+            job = core.jobs[cmd.job_id]
+            results.append(TokenResult(cmd.job_id, done, 7 if done == job.num_tokens else None))
+        return results
+
+
+def make(policy="skip-join-mlfq", kv_policy="proactive", num_blocks=32, store_blocks=64,
+         **cfg) -> SchedulerCore:
+    config = SchedulerConfig(policy=policy, kv_policy=kv_policy, watermark=0.0, **cfg)
+    return SchedulerCore(config, num_blocks, BS, num_blocks * BS, cost_model=LINEAR,
+                         store_blocks=store_blocks)
+
+
+def step(core, worker, now, elapsed=0.01, lost=()):
+    plan = core.schedule(now)
+    if plan is None:
+        return None, []
+    results = [r for r in worker.apply(plan, core) if r.job_id not in lost]
+    for jid in lost:  # the worker lost these jobs' KV and forgot them
+        worker._release(jid)
+        worker.computed.pop(jid, None)
+        worker.offloaded.discard(jid)
+    updates = core.update(plan, StepResult(results, [], elapsed, kv_lost=list(lost)),
+                          now + elapsed)
+    core.check_invariants()
+    return plan, updates
+
+
+def test_a_new_high_priority_job_offloads_a_paused_one_instead_of_waiting():
+    core = make(num_blocks=12, max_batch_size=1)
+    worker = WorkerModel(12)
+    core.add(make_job(0, prompt_len=30, max_tokens=100), 0.0)  # 8 blocks, runs long
+    t = 0.0
+    for _ in range(12):  # prefill, then decodes: demoted below where a new short job lands
+        step(core, worker, t)
+        t += 0.01
+    assert core.jobs[0].blocks and core.policy.level[0] > 0
+    core.add(make_job(1, prompt_len=14, max_tokens=3), t)  # 4 blocks: does not fit beside it
+    plan, _ = step(core, worker, t)
+    assert plan.swap_out == [0] and not core.jobs[1].started
+    n = math.ceil(core.jobs[0].num_computed / BS)
+    assert core.jobs[0].stored == n and core.store_used == n and not core.jobs[0].blocks
+    t += 0.01
+    plan, _ = step(core, worker, t)  # its blocks are free once the offload is confirmed
+    assert [c.job_id for c in plan.commands] == [1] and not plan.swap_in
+    while 1 in core.jobs:
+        t += 0.01
+        step(core, worker, t)
+    # The long job comes back (swap-in of exactly its KV) and finishes; the store is empty.
+    while core.has_work():
+        t += 0.01
+        step(core, worker, t)
+    assert core.num_swap_ins >= 1 and core.store_used == 0 and core.num_recomputes == 0
+
+
+def test_defer_keeps_paused_kv_and_the_new_job_waits():
+    core = make(kv_policy="defer", num_blocks=12, max_batch_size=1)
+    worker = WorkerModel(12)
+    core.add(make_job(0, prompt_len=30, max_tokens=30), 0.0)
+    t = 0.0
+    for _ in range(12):
+        step(core, worker, t)
+        t += 0.01
+    core.add(make_job(1, prompt_len=14, max_tokens=3), t)
+    plan, _ = step(core, worker, t)
+    assert not plan.swap_out and [c.job_id for c in plan.commands] == [0]
+    assert not core.jobs[1].started
+
+
+def test_recompute_drops_the_paused_job_and_computes_it_again():
+    core = make(kv_policy="recompute", num_blocks=12, max_batch_size=1)
+    worker = WorkerModel(12)
+    core.add(make_job(0, prompt_len=30, max_tokens=100), 0.0)
+    t = 0.0
+    for _ in range(12):
+        step(core, worker, t)
+        t += 0.01
+    core.add(make_job(1, prompt_len=14, max_tokens=3), t)
+    plan, _ = step(core, worker, t)
+    assert 0 in plan.free_job_ids and not plan.swap_out and core.jobs[1].started
+    assert core.jobs[0].num_computed == 0 and core.num_recomputes == 1
+
+
+def test_a_full_store_stops_new_prefills_from_displacing_paused_jobs():
+    core = make(num_blocks=12, store_blocks=4, max_batch_size=1)  # the paused job needs 8
+    worker = WorkerModel(12)
+    core.add(make_job(0, prompt_len=30, max_tokens=30), 0.0)
+    t = 0.0
+    for _ in range(12):
+        step(core, worker, t)
+        t += 0.01
+    core.add(make_job(1, prompt_len=14, max_tokens=3), t)
+    plan, _ = step(core, worker, t)
+    assert not plan.swap_out and 0 not in plan.free_job_ids
+    assert not core.jobs[1].started and core.jobs[0].blocks
+
+
+def test_a_refused_swap_out_leaves_the_job_on_the_device():
+    core = make(num_blocks=12, max_batch_size=1)
+    worker = WorkerModel(12)
+    core.add(make_job(0, prompt_len=30, max_tokens=100), 0.0)
+    t = 0.0
+    for _ in range(12):
+        step(core, worker, t)
+        t += 0.01
+    blocks = list(core.jobs[0].blocks)
+    core.add(make_job(1, prompt_len=14, max_tokens=3), t)
+    plan = core.schedule(t)
+    assert plan.swap_out == [0]
+    core.update(plan, StepResult([], [(0, "RESOURCE_EXHAUSTED: swap_out: store full")], 0.01,
+                                 swap_refused=[0]), t + 0.01)
+    core.check_invariants()
+    job = core.jobs[0]
+    assert job.blocks == blocks and not job.stored and core.store_used == 0
+    assert not job.status.finished
+
+
+def test_lost_kv_is_recomputed_not_failed():
+    core = make(num_blocks=12, max_batch_size=1)
+    worker = WorkerModel(12)
+    core.add(make_job(0, prompt_len=30, max_tokens=16), 0.0)
+    t = 0.0
+    for _ in range(12):
+        step(core, worker, t)
+        t += 0.01
+    core.add(make_job(1, prompt_len=14, max_tokens=3), t)
+    step(core, worker, t)  # job 0 offloaded
+    assert core.jobs[0].stored
+    while 1 in core.jobs:
+        t += 0.01
+        step(core, worker, t)
+    plan = core.schedule(t)  # job 0's upload and first command after it
+    assert [s.job_id for s in plan.swap_in] == [0]
+    worker.apply(plan, core)
+    worker._release(0)
+    worker.computed.pop(0)
+    core.update(plan, StepResult([], [], 0.01, kv_lost=[0]), t + 0.01)
+    core.check_invariants()
+    job = core.jobs[0]
+    assert not job.on_worker and job.num_computed == 0 and core.num_kv_lost == 1
+    assert core.store_used == 0
+    n_out = len(job.output)
+    while core.has_work():
+        t += 0.01
+        step(core, worker, t)
+    assert job.status.finished and job.finish_reason == "length" and len(job.output) == 16
+    assert n_out < 16
+
+
+def test_mlfq_enst_follows_the_formula():
+    core = make(num_blocks=4096, store_blocks=0, max_batch_size=2, mlfq_q1_quantum_s=0.01,
+                mlfq_num_queues=3, starve_limit_s=100.0)
+    pol = core.policy  # quanta 0.01, 0.02, 0.04
+    for i in range(3):
+        core.add(make_job(i, prompt_len=1, max_tokens=5), 0.0)
+    pol.level.update({0: 0, 1: 1, 2: 2})
+    for i in range(3):
+        pol._queues[0].pop(i)
+        pol._queues[pol.level[i]][i] = core.jobs[i]
+    pol.service.update({0: 0.004, 1: 0.0, 2: 0.0})
+    enst = pol.enst(0.0, 2, 0.01)
+    assert enst[0] == 0.0
+    # Job 1 (Q2) waits for job 0's remaining Q1 quantum and its whole Q2 quantum, over B=2.
+    assert enst[1] == pytest.approx((0.006 + 0.02) / 2)
+    # Job 2 (Q3): job 0 runs Q1 rest + Q2 + Q3; job 1 runs Q2 + Q3.
+    assert enst[2] == pytest.approx((0.006 + 0.02 + 0.04 + 0.02 + 0.04) / 2)
+
+
+jobs_strategy = st.lists(st.tuples(st.integers(1, 40), st.integers(1, 40),
+                                   st.floats(0.0, 0.3)), min_size=1, max_size=14)
+
+
+@settings(max_examples=60, deadline=None)
+@given(jobs=jobs_strategy, policy=st.sampled_from(["skip-join-mlfq", "mlfq", "fcfs",
+                                                   "fixed-priority"]),
+       kv=st.sampled_from(["proactive", "reactive", "recompute", "defer"]),
+       blocks=st.integers(24, 80), store=st.sampled_from([0, 8, 40, 400]),
+       batch=st.integers(1, 6))
+def test_every_job_finishes_and_kv_accounting_returns_to_zero(jobs, policy, kv, blocks, store,
+                                                              batch):
+    core = make(policy=policy, kv_policy=kv, num_blocks=blocks, store_blocks=store,
+                max_batch_size=batch, max_batched_tokens=16, starve_limit_s=0.1)
+    worker = WorkerModel(blocks)
+    pending = sorted((t, p, o) for p, o, t in jobs if p + o <= blocks * BS - 1)
+    t, i, iterations, done = 0.0, 0, 0, set()
+    while i < len(pending) or core.has_work():
+        while i < len(pending) and pending[i][0] <= t:
+            core.add(make_job(i, prompt_len=pending[i][1], max_tokens=pending[i][2]), t)
+            i += 1
+        _, updates = step(core, worker, t)
+        done |= {u.job.job_id for u in updates if u.finished}
+        t += 0.01
+        iterations += 1
+        assert iterations < 20000, "no progress: livelock"
+    assert done == set(range(len(pending)))
+    assert core.allocator.num_free == blocks and core.store_used == 0
+    assert not worker.offloaded
