@@ -62,6 +62,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-waiting", type=int, default=None,
                    help="scheduler waiting-queue bound (default: the number of requests, so "
                    "that none is refused)")
+    p.add_argument("--kv-policies", type=_name_list, default=None,
+                   help="comma-separated KV policies (proactive, reactive, recompute, defer); "
+                   "every scheduling policy runs with each (default: the scheduler's)")
+    p.add_argument("--kvstore-budget", default="2GiB",
+                   help="host memory of the KV store started beside the worker")
+    p.add_argument("--no-kvstore", action="store_true", help="start no KV store")
     p.add_argument("--scheduler-args", default="",
                    help="extra arguments for every scheduler, e.g. \"--starve-limit 1\"")
     p.add_argument("--fresh-worker", action="store_true",
@@ -83,20 +89,31 @@ class _Cluster:
         self.worker: Any = None
         self.worker_address = ""
         self.scheduler: Any = None
+        self.store: Any = None
+        self.store_address: str | None = None
 
-    def _ns(self, policy: str) -> argparse.Namespace:
+    def _ns(self, policy: str, kv_policy: str | None) -> argparse.Namespace:
         a = self.args
         return argparse.Namespace(
             model=self.model, device=a.device, dtype=a.dtype, kv_blocks=a.kv_blocks,
             block_size=a.block_size, worker_port=0, metrics_port=-1, log_level="WARNING",
             host="127.0.0.1", port=0, policy=policy, max_batch_size=a.max_batch_size,
-            max_waiting=self.max_waiting)
+            max_waiting=self.max_waiting, kv_policy=kv_policy,
+            kvstore_budget=a.kvstore_budget)
 
-    def start(self, policy: str) -> str:
-        """A scheduler with ``policy`` (and the worker if it is not running); its address."""
+    def start(self, policy: str, kv_policy: str | None = None) -> str:
+        """A scheduler with ``policy`` (and the store and worker if they are not running);
+        its address."""
         from fastserve import cli_serve
 
-        ns = self._ns(policy)
+        ns = self._ns(policy, kv_policy)
+        if not self.args.no_kvstore and (self.store is None or self.store.poll() is not None):
+            if self.worker is not None:  # a worker must be pointed at a live store
+                cli_serve.stop_child(self.worker)
+                self.worker = None
+            self.store, self.store_address = cli_serve.start_child(
+                cli_serve.kvstore_command(ns), cli_serve.KVSTORE_READY,
+                cli_serve.KVSTORE_START_TIMEOUT_S, name="kvstore")
         if self.worker is not None and (self.args.fresh_worker or self.worker.poll() is not None):
             if self.worker.poll() is not None:
                 bench_serve._warn(f"the worker exited with code {self.worker.returncode}; "
@@ -105,7 +122,7 @@ class _Cluster:
             self.worker = None
         if self.worker is None:
             self.worker, self.worker_address = cli_serve.start_child(
-                cli_serve.worker_command(ns), cli_serve.WORKER_READY,
+                cli_serve.worker_command(ns, self.store_address), cli_serve.WORKER_READY,
                 cli_serve.WORKER_START_TIMEOUT_S, name="worker")
         cmd = cli_serve.scheduler_command(ns, self.worker_address)
         cmd += ["--log-level", "WARNING", *shlex.split(self.args.scheduler_args)]
@@ -128,6 +145,9 @@ class _Cluster:
         if self.worker is not None:
             cli_serve.stop_child(self.worker)
             self.worker = None
+        if self.store is not None:
+            cli_serve.stop_child(self.store)
+            self.store = None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -164,28 +184,31 @@ def run(args: argparse.Namespace) -> int:
             info = infos[rate] = describe(trace)
             prompts = bench_serve.make_prompts(trace, args.seed)
             label = rate if rate is not None else info.get("mean_rate")
-            for policy in args.policies:
+            kv_policies: list[str | None] = list(args.kv_policies or [None])
+            for policy, kv_policy in ((p, k) for p in args.policies for k in kv_policies):
+                # One label per run: the policy, plus the KV policy when several are compared.
+                name = policy if len(kv_policies) == 1 else f"{policy}+{kv_policy}"
                 started = time.monotonic()
                 try:
-                    address = cluster.start(policy)
+                    address = cluster.start(policy, kv_policy)
                     result = bench_serve.replay(
                         address, trace, prompts, timeout_s=args.timeout_s, warmup=args.warmup,
                         progress=not args.no_progress,
-                        desc=f"{policy} @ {bench_serve._fmt(label)} req/s")
+                        desc=f"{name} @ {bench_serve._fmt(label)} req/s")
                 except (ChildFailed, ConnectionError) as e:
                     # The other runs still count; this one is reported, and the exit code is 1.
-                    errors.append(f"{policy} at rate {_rate_tag(rate)}: {e}")
+                    errors.append(f"{name} at rate {_rate_tag(rate)}: {e}")
                     bench_serve._warn(errors[-1])
                     continue
                 finally:
                     cluster.stop_scheduler()
                 summary = bench_serve.bench_summary(result, label)
-                summary["policy"] = policy  # the name asked for, even if Status says otherwise
+                summary["policy"] = name  # the name asked for, even if Status says otherwise
                 summary["scheduler_policy"] = result["policy"]
                 summary["wall_s"] = time.monotonic() - started
                 summaries.append(summary)
-                jcts.setdefault(rate, {})[policy] = bench_serve.jcts(result["requests"])
-                bench_serve.write_json(str(out_dir / f"{policy}_rate{_rate_tag(rate)}.json"), {
+                jcts.setdefault(rate, {})[name] = bench_serve.jcts(result["requests"])
+                bench_serve.write_json(str(out_dir / f"{name}_rate{_rate_tag(rate)}.json"), {
                     "summary": summary, "requests": result["requests"], "trace": info,
                     "config": _config(args, rate, model, cluster, policy, result["status"]),
                 })
@@ -197,7 +220,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"model {args.model or DEFAULT_MODEL}, device {args.device}, kv blocks "
           f"{args.kv_blocks}, max batch {args.max_batch_size or 'default'}"
           + (f", scheduler args {args.scheduler_args!r}" if args.scheduler_args else ""))
-    print(bench_serve.format_table(summaries))
+    baseline = next((s["policy"] for s in summaries if s["scheduler_policy"] == "fcfs"), None)
+    if args.kv_policies and len(args.kv_policies) > 1 and "fcfs" not in args.policies:
+        baseline = summaries[0]["policy"] if summaries else None  # the first KV policy
+    print(bench_serve.format_table(summaries, baseline=baseline))
+    if any(s.get("num_swap_outs") or s.get("num_recomputes") for s in summaries):
+        print(bench_serve.format_kv_table(summaries))
     for s in summaries:
         bench_serve.print_failures(s)
     bench_serve.write_json(str(out_dir / "summaries.json"), summaries)
@@ -220,6 +248,7 @@ def _config(args: argparse.Namespace, rate: float | None, model: str, cluster: _
             "device": args.device, "dtype": args.dtype, "kv_blocks": args.kv_blocks,
             "block_size": args.block_size, "max_batch_size": args.max_batch_size,
             "max_waiting": cluster.max_waiting, "scheduler_args": args.scheduler_args,
+            "kvstore": None if args.no_kvstore else args.kvstore_budget,
             "fresh_worker": args.fresh_worker, "server": status}
 
 

@@ -256,6 +256,10 @@ async def replay_async(address: str, trace: Sequence[TraceRequest],
             for t in tasks:
                 t.cancel()
             bar.close()
+        try:  # the counters after the run (swaps, preemptions); the start's if unreachable
+            status = await stub.Status(pb.StatusRequest(), timeout=STATUS_TIMEOUT_S)
+        except grpc.aio.AioRpcError as e:
+            _warn(f"Status after the run failed: {e.code().name}: {e.details()}")
     return {"policy": status.policy, "status": _to_dict(status), "requests": records}
 
 
@@ -308,6 +312,12 @@ def bench_summary(result: dict[str, Any], rate: float | None) -> dict[str, Any]:
     s["mean_server_queue_time_s"] = float(q.mean()) if len(q) else None
     s["failures"] = dict(collections.Counter(
         _short(r["error"]) for r in reqs if r.get("error") is not None).most_common())
+    status = result.get("status") or {}
+    workers = status.get("workers", [])
+    s["kv_policy"] = status.get("kv_policy", "")
+    for key in ("swap_wait_s", "num_swap_outs", "num_swap_ins", "num_kv_lost",
+                "num_recomputes", "num_preemptions"):
+        s[key] = sum(float(w.get(key, 0)) for w in workers)
     return s
 
 
@@ -328,12 +338,26 @@ def _fmt(v: float | None, scale: float = 1.0, digits: int = 2) -> str:
     return f"{v * scale:.{digits}f}"
 
 
+def format_kv_table(summaries: Sequence[dict[str, Any]]) -> str:
+    """KV memory per run: offloads, uploads, recomputes, and the time iterations waited for
+    swaps, also as a share of the run's makespan (every job in the batch waited that long)."""
+    head = (f"{'policy':<26} {'swap out':>8} {'swap in':>8} {'lost':>5} {'recompute':>9} "
+            f"{'swap wait s':>11} {'of run':>7}")
+    lines = [head, "-" * len(head)]
+    for s in summaries:
+        share = s["swap_wait_s"] / s["makespan_s"] if s.get("makespan_s") else None
+        lines.append(f"{s['policy']:<26} {s['num_swap_outs']:>8.0f} {s['num_swap_ins']:>8.0f} "
+                     f"{s['num_kv_lost']:>5.0f} {s['num_recomputes']:>9.0f} "
+                     f"{s['swap_wait_s']:>11.3f} {_fmt(share, 100, 2):>6}%")
+    return "\n".join(lines)
+
+
 def format_table(summaries: Sequence[dict[str, Any]], baseline: str | None = "fcfs") -> str:
     """One row per summary: completed/failed, JCT (s), TTFT (s), latency per output token
     (ms), throughput; with ``baseline`` among the policies of a rate, each row's mean and p95
     JCT as a multiple of the baseline's (lower is better)."""
     base = {s["rate"]: s for s in summaries if baseline and s["policy"] == baseline}
-    head = (f"{'policy':<16} {'rate':>6} {'ok':>5} {'fail':>4} | {'JCT mean':>8} {'p50':>7} "
+    head = (f"{'policy':<26} {'rate':>6} {'ok':>5} {'fail':>4} | {'JCT mean':>8} {'p50':>7} "
             f"{'p95':>7} {'p99':>7} | {'TTFT mean':>9} {'p95':>7} | {'ms/tok mean':>11} "
             f"{'p95':>7} | {'tok/s':>7} {'req/s':>6}")
     if base:
@@ -342,7 +366,7 @@ def format_table(summaries: Sequence[dict[str, Any]], baseline: str | None = "fc
     for k, s in enumerate(summaries):
         if k and s["rate"] != summaries[k - 1]["rate"]:
             lines.append("")
-        row = (f"{s['policy']:<16} {_fmt(s['rate']):>6} {s['num_completed']:>5} "
+        row = (f"{s['policy']:<26} {_fmt(s['rate']):>6} {s['num_completed']:>5} "
                f"{s['num_failed']:>4} | {_fmt(s['mean_jct_s'], digits=3):>8} "
                f"{_fmt(s['p50_jct_s'], digits=3):>7} {_fmt(s['p95_jct_s'], digits=3):>7} "
                f"{_fmt(s['p99_jct_s'], digits=3):>7} | "

@@ -139,7 +139,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def Status(self, request: spb.StatusRequest,
                      context: grpc.aio.ServicerContext) -> spb.StatusResponse:
         resp = spb.StatusResponse(policy=self.config.policy, max_waiting=self.config.max_waiting,
-                                  model=self.model_name)
+                                  model=self.model_name, kv_policy=self.config.kv_policy)
         queues: dict[str, int] = {}
         for lp in self.loops:
             w = spb.WorkerStatus(address=lp.address, state=lp.state, healthy=lp.ready,
@@ -156,6 +156,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 w.num_recomputes = st.num_recomputes
                 w.num_demotions = st.num_demotions
                 w.num_promotions = st.num_promotions
+                w.store_blocks = st.store_blocks
+                w.store_used_blocks = st.store_used_blocks
+                w.num_offloaded = st.num_offloaded
+                w.num_swap_outs = st.num_swap_outs
+                w.num_swap_ins = st.num_swap_ins
+                w.num_kv_lost = st.num_kv_lost
+                w.swap_wait_s = st.swap_wait_s
                 w.queues.extend(spb.QueueStatus(name=k, num_jobs=v) for k, v in st.queues)
                 resp.num_running += st.num_running
                 resp.num_waiting += st.num_waiting

@@ -286,6 +286,9 @@ class SchedulerCore:
             job.worker_lost = True
             self.finish(job, JobStatus.FAILED, now, error)
         self._pending_frees.clear()
+        for blocks in self._outgoing.values():  # a Step that never answered
+            self.allocator.free(blocks)
+        self._outgoing.clear()
         return failed
 
     # ---- one iteration -------------------------------------------------------------------

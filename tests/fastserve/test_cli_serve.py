@@ -99,17 +99,25 @@ def _serve_with_fakes(monkeypatch, fake, scheduler_mode: str, argv: list[str]):
         return fake("scheduler", scheduler_mode)
 
     monkeypatch.setattr(cli_serve, "scheduler_command", scheduler_command)
-    monkeypatch.setattr(cli_serve, "worker_command", lambda args: fake("worker"))
+    def worker_command(args, kvstore=None):
+        seen["worker_kvstore"] = kvstore
+        return fake("worker")
+
+    monkeypatch.setattr(cli_serve, "worker_command", worker_command)
+    monkeypatch.setattr(cli_serve, "kvstore_command", lambda args: fake("kvstore"))
     monkeypatch.setattr("fastserve.models.resolve_model", lambda model, progress=True: model)
     args = build_parser().parse_args(["serve", *argv])
     return args.func(args), seen
 
 
-def test_serve_stops_the_scheduler_then_the_worker_on_sigterm(monkeypatch, fake, capsys):
+def test_serve_stops_the_scheduler_then_the_worker_then_the_store_on_sigterm(monkeypatch, fake,
+                                                                           capsys):
     def terminate_when_ready():
         deadline = time.monotonic() + 30
         while "scheduler ready" not in fake.events() and time.monotonic() < deadline:
             time.sleep(0.05)
+        if "scheduler ready" not in fake.events():
+            return  # serve failed before: a SIGTERM now would hit pytest itself
         time.sleep(0.2)  # let serve print its ready line
         os.kill(os.getpid(), signal.SIGTERM)
 
@@ -117,8 +125,9 @@ def test_serve_stops_the_scheduler_then_the_worker_on_sigterm(monkeypatch, fake,
     code, seen = _serve_with_fakes(monkeypatch, fake, "ok",
                                    ["--port", "0", "--policy", "rtc", "--max-waiting", "8"])
     assert code == 0
-    assert fake.events() == ["worker ready", "scheduler ready", "scheduler stopped",
-                             "worker stopped"]
+    assert fake.events() == ["kvstore ready", "worker ready", "scheduler ready",
+                             "scheduler stopped", "worker stopped", "kvstore stopped"]
+    assert seen["worker_kvstore"] == "127.0.0.1:4242"
     out = capsys.readouterr().out
     assert out.startswith("FastServe ready at 127.0.0.1:4242 (policy rtc, model ")
     cmd = seen["real"]
@@ -130,7 +139,8 @@ def test_serve_stops_the_scheduler_then_the_worker_on_sigterm(monkeypatch, fake,
 def test_serve_exits_1_and_stops_the_worker_when_the_scheduler_dies(monkeypatch, fake, capsys):
     code, _ = _serve_with_fakes(monkeypatch, fake, "crash", ["--port", "0"])
     assert code == 1
-    assert fake.events() == ["worker ready", "scheduler ready", "worker stopped"]
+    assert fake.events() == ["kvstore ready", "worker ready", "scheduler ready",
+                             "worker stopped", "kvstore stopped"]
     assert "scheduler exited unexpectedly with code 1" in capsys.readouterr().err
 
 
@@ -170,7 +180,7 @@ def test_serve_end_to_end(tmp_path):
         address = f"127.0.0.1:{port}"
         assert address in ready[0]
         children = _children(serve.pid)
-        assert len(children) == 2
+        assert len(children) == 3  # KV store, worker, scheduler
 
         status = _cli("status", "--json", "--address", address)
         assert status.returncode == 0, status.stderr

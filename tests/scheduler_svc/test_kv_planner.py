@@ -263,3 +263,20 @@ def test_every_job_finishes_and_kv_accounting_returns_to_zero(jobs, policy, kv, 
     assert done == set(range(len(pending)))
     assert core.allocator.num_free == blocks and core.store_used == 0
     assert not worker.offloaded
+
+
+def test_worker_lost_mid_step_returns_offloaded_blocks():
+    core = make(num_blocks=12, max_batch_size=1)
+    worker = WorkerModel(12)
+    core.add(make_job(0, prompt_len=30, max_tokens=16), 0.0)
+    t = 0.0
+    for _ in range(12):
+        step(core, worker, t)
+        t += 0.01
+    core.add(make_job(1, prompt_len=14, max_tokens=3), t)
+    plan = core.schedule(t)
+    assert plan.swap_out == [0]
+    failed = core.fail_all("worker gone", t)  # the Step never answers
+    assert {j.job_id for j in failed} == {0, 1}
+    core.check_invariants()
+    assert core.allocator.num_free == 12 and core.store_used == 0
