@@ -251,7 +251,10 @@ class SchedulerCore:
         self.jobs[job.job_id] = job
         self._num_waiting += not job.started
         self.policy.add(job, now)
-        self._arrivals.append((now, blocks_for(job.num_tokens + 1, self.allocator.block_size)))
+        arrivals = self._arrivals
+        arrivals.append((now, blocks_for(job.num_tokens + 1, self.allocator.block_size)))
+        while arrivals[0][0] < now - self.config.kv_headroom_window_s:
+            arrivals.popleft()
 
     def finish(self, job: Job, status: JobStatus, now: float, error: str = "") -> None:
         """End a live job: release its blocks now and free it on the worker next Step."""

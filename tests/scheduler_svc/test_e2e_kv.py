@@ -39,6 +39,16 @@ def generate(stub, ids, request_id=""):
     return out
 
 
+def wait_for(pred, timeout_s=10.0):
+    """The worker frees store handles right after each copy: give it a moment."""
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def concurrently(stub, batch):
     results: dict[int, list[int] | Exception] = {}
 
@@ -72,6 +82,15 @@ class KVCluster:
         self.channel = grpc.insecure_channel(self.scheduler.address)
         self.stub = scheduler_pb2_grpc.SchedulerStub(self.channel)
 
+    def store_used_blocks(self):
+        """Blocks in use as the store itself counts them (not the scheduler's accounting)."""
+        from fastserve.proto import kvstore_pb2, kvstore_pb2_grpc
+
+        with grpc.insecure_channel(self.store_address) as ch:
+            stats = kvstore_pb2_grpc.KVStoreStub(ch).Stats(kvstore_pb2.StatsRequest(),
+                                                           timeout=10)
+        return stats.used_blocks
+
     def metric(self, name):
         return sum(v for (n, _), v in scrape_metrics(self.metrics_port).items() if n == name)
 
@@ -101,6 +120,30 @@ def test_heavy_swapping_keeps_greedy_output_and_frees_everything(kv_cluster):
     assert kv_cluster.metric("fastserve:kv_lost_total") == 0
     assert kv_cluster.metric("fastserve:kv_store_blocks_used") == 0
     assert kv_cluster.metric("fastserve:kv_blocks_used") == 0
+    assert wait_for(lambda: kv_cluster.store_used_blocks() == 0)
+
+    # Cancelled while paused, offloaded or uploading: nothing stays behind either.
+    streams = []
+    for i, ids in enumerate(batch):
+        req = spb.GenerateRequest(
+            token_ids=spb.TokenIds(ids=ids), request_id=f"c{i}",
+            sampling=spb.SamplingOptions(max_tokens=100, temperature=0.0, ignore_eos=True))
+        streams.append(kv_cluster.stub.Generate(req, timeout=120))
+    before = kv_cluster.metric("fastserve:kv_swap_outs_total")
+    assert wait_for(lambda: kv_cluster.metric("fastserve:kv_swap_outs_total") >= before + 3,
+                    timeout_s=30)
+    for stream in streams:
+        stream.cancel()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (
+            kv_cluster.metric("fastserve:kv_store_blocks_used")
+            or kv_cluster.metric("fastserve:kv_blocks_used")
+            or kv_cluster.metric("fastserve:num_requests_running")):
+        time.sleep(0.1)
+    assert kv_cluster.metric("fastserve:kv_store_blocks_used") == 0
+    assert kv_cluster.metric("fastserve:kv_blocks_used") == 0
+    assert kv_cluster.metric("fastserve:num_requests_offloaded") == 0
+    assert wait_for(lambda: kv_cluster.store_used_blocks() == 0)
 
 
 def test_store_killed_mid_run_jobs_are_recomputed_then_store_reused(tiny_tok_model, tmp_path):
