@@ -516,6 +516,8 @@ class SchedulerCore:
                         key=lambda j: enst.get(j.job_id, 0.0), reverse=True)
         bs = self.allocator.block_size
         for job in sorted(self._offloaded.values(), key=lambda j: enst.get(j.job_id, 0.0)):
+            if job.job_id in busy:
+                continue  # offloaded in this very Step: not back before the result confirms it
             t = enst.get(job.job_id, float("inf"))
             if t > soon:
                 break
@@ -642,8 +644,12 @@ class SchedulerCore:
             if job is not None:
                 self._lose_kv(job)
         updates: list[JobUpdate] = []
+        lost = set(result.kv_lost)
         for job_id, message in result.errors:
-            if job_id in refused:
+            # A refused swap-out leaves the job as it was; a job whose KV was lost was forgotten
+            # by the worker, so its other entries in the same Step (a command after a failed
+            # swap-in: NOT_FOUND) are explained by the loss and it is recomputed.
+            if job_id in refused or job_id in lost:
                 continue
             job = self.jobs.get(job_id)
             if job is not None:

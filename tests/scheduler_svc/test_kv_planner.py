@@ -280,3 +280,27 @@ def test_worker_lost_mid_step_returns_offloaded_blocks():
     assert {j.job_id for j in failed} == {0, 1}
     core.check_invariants()
     assert core.allocator.num_free == 12 and core.store_used == 0
+
+
+def test_a_command_after_a_failed_upload_is_recomputed_not_failed():
+    core = make(kv_policy="reactive", num_blocks=12, max_batch_size=1)
+    worker = WorkerModel(12)
+    core.add(make_job(0, prompt_len=30, max_tokens=16), 0.0)
+    t = 0.0
+    for _ in range(12):
+        step(core, worker, t)
+        t += 0.01
+    core.add(make_job(1, prompt_len=14, max_tokens=3), t)
+    step(core, worker, t)
+    while 1 in core.jobs:
+        t += 0.01
+        step(core, worker, t)
+    plan = core.schedule(t)  # reactive: the upload and the command in one Step
+    assert [s.job_id for s in plan.swap_in] == [0] and [c.job_id for c in plan.commands] == [0]
+    # The worker finds the upload failed: DATA_LOSS, forgets the job, and then the command
+    # names a job it does not know.
+    errors = [(0, "DATA_LOSS: swap_in failed"), (0, "NOT_FOUND: command: unknown job 0")]
+    core.update(plan, StepResult([], errors, 0.01, kv_lost=[0]), t + 0.01)
+    core.check_invariants()
+    job = core.jobs[0]
+    assert not job.status.finished and not job.on_worker and job.num_computed == 0
