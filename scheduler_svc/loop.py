@@ -27,6 +27,7 @@ from scheduler_svc.core.scheduler import JobUpdate, SchedulerCore, StepPlan
 log = logging.getLogger(__name__)
 
 RECONNECT_S = 2.0
+STORE_WAIT_S = 5.0
 
 
 @dataclass
@@ -70,6 +71,13 @@ class WorkerLoop:
         stub = worker_pb2_grpc.WorkerStub(self._channel)
         self.describe = await stub.Describe(wpb.DescribeRequest(), timeout=timeout_s,
                                             wait_for_ready=True)
+        # A worker connects to its KV store in the background: give a store that is starting
+        # beside it a few seconds before planning without one.
+        deadline = time.monotonic() + STORE_WAIT_S
+        while (self.describe.kvstore_address and not self.describe.store_connected
+               and time.monotonic() < deadline):
+            await asyncio.sleep(0.2)
+            self.describe = await stub.Describe(wpb.DescribeRequest(), timeout=timeout_s)
         d = self.describe
         if self.core is None:
             cost_model = None
