@@ -16,10 +16,11 @@ from typing import NoReturn
 
 import grpc
 import xxhash
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health
 
 from fastserve.proto import kvstore_pb2 as pb
 from fastserve.proto import kvstore_pb2_grpc
+from fastserve.serving import start_with_health
 from kvstore_svc.metrics import StoreMetrics
 from kvstore_svc.pool import BlockPool, ErrorCode, PoolError
 
@@ -257,10 +258,4 @@ def create_server(
         options=CHANNEL_OPTIONS,
     )
     kvstore_pb2_grpc.add_KVStoreServicer_to_server(KVStoreServicer(pool, metrics), server)
-    health_servicer = health_servicer or health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = server.add_insecure_port(address)  # raises RuntimeError if it cannot bind
-    server.start()
-    for name in ("", SERVICE_NAME):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return server, port
+    return server, start_with_health(server, address, SERVICE_NAME, health_servicer)

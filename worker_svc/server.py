@@ -14,11 +14,12 @@ from collections.abc import Callable, Iterator
 from concurrent import futures
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health
 
 import fastserve
 from fastserve.proto import worker_pb2 as pb
 from fastserve.proto import worker_pb2_grpc
+from fastserve.serving import start_with_health
 from worker_svc import profiler, wire
 from worker_svc.engine import ErrorCode, JobError, StepCommand, StepOutcome
 from worker_svc.loader import LoadedModel
@@ -185,10 +186,4 @@ def create_server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="worker-rpc")
     )
     worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(loaded, model_arg, on_step), server)
-    health_servicer = health_servicer or health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = server.add_insecure_port(address)  # raises RuntimeError if it cannot bind
-    server.start()
-    for name in ("", SERVICE_NAME):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return server, port
+    return server, start_with_health(server, address, SERVICE_NAME, health_servicer)

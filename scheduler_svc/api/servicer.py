@@ -30,6 +30,13 @@ FINISH = {
 }
 
 
+# Core Stats fields that WorkerStatus carries under the same names.
+_WORKER_STATS = (
+    "num_blocks", "num_used_blocks", "num_iterations", "num_preemptions", "num_recomputes",
+    "num_demotions", "num_promotions", "store_blocks", "store_used_blocks", "num_offloaded",
+    "num_swap_outs", "num_swap_ins", "num_kv_lost", "swap_wait_s",
+)
+
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def __init__(self, config: SchedulerConfig, text: TextModel, loops: list[WorkerLoop],
                  model_name: str, on_finish=None):
@@ -148,21 +155,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 w.model = lp.describe.model
             if lp.core is not None:
                 st = lp.core.stats()
-                w.num_blocks = st.num_blocks
-                w.num_used_blocks = st.num_used_blocks
+                for name in _WORKER_STATS:
+                    setattr(w, name, getattr(st, name))
                 w.kv_usage = st.num_used_blocks / st.num_blocks
-                w.num_iterations = st.num_iterations
-                w.num_preemptions = st.num_preemptions
-                w.num_recomputes = st.num_recomputes
-                w.num_demotions = st.num_demotions
-                w.num_promotions = st.num_promotions
-                w.store_blocks = st.store_blocks
-                w.store_used_blocks = st.store_used_blocks
-                w.num_offloaded = st.num_offloaded
-                w.num_swap_outs = st.num_swap_outs
-                w.num_swap_ins = st.num_swap_ins
-                w.num_kv_lost = st.num_kv_lost
-                w.swap_wait_s = st.swap_wait_s
                 w.queues.extend(spb.QueueStatus(name=k, num_jobs=v) for k, v in st.queues)
                 resp.num_running += st.num_running
                 resp.num_waiting += st.num_waiting

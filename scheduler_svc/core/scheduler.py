@@ -167,7 +167,7 @@ class _Space:
                                     core._last_iteration_s)
             self._victims = sorted(core._holding.values(),
                                    key=lambda j: enst.get(j.job_id, 0.0), reverse=True)
-        swaps = core.config.kv_policy in ("reactive", "proactive") and core._store_up
+        swaps = core._swapping()
         drops = core.config.kv_policy == "recompute" or last_resort
         rank = self.seen[job.job_id]
         self._victims = [v for v in self._victims
@@ -209,7 +209,6 @@ class SchedulerCore:
         self.jobs: dict[int, Job] = {}
         self._pending_frees: list[int] = []
         self._num_waiting = 0  # live jobs never scheduled
-        self._num_holders = 0  # live jobs holding blocks
         self._watermark_blocks = int(config.watermark * num_blocks)
         self.num_iterations = 0
         self.num_preemptions = 0
@@ -221,7 +220,7 @@ class SchedulerCore:
         self.store_blocks = store_blocks
         self.store_used = 0
         self._offloaded: dict[int, Job] = {}
-        self._holding: dict[int, Job] = {}  # jobs with device blocks
+        self._holding: dict[int, Job] = {}  # live jobs holding device blocks
         self._outgoing: dict[int, list[int]] = {}  # swapped out, blocks not yet confirmed free
         # A refused swap-out means the store is full or gone: no swaps until this time.
         self._store_retry_at = 0.0
@@ -310,7 +309,7 @@ class SchedulerCore:
         free = self.allocator.num_free
         # Once every job holding blocks has been seen, the rest can only run on free blocks:
         # stop there if none can take them (a long queue then costs nothing per iteration).
-        evicted = len(self.jobs) - self._num_waiting - self._num_holders
+        evicted = len(self.jobs) - self._num_waiting - len(self._holding)
         stuck = free == 0 or (free <= self._watermark_blocks and evicted == 0)
         # The batch is the highest-priority jobs that fit, up to max_batch_size. Decodes join
         # at once; prefill chunks are sized afterwards from the token budget the decodes left,
@@ -325,7 +324,7 @@ class SchedulerCore:
             rank[job.job_id] = len(rank)
             if job.blocks:
                 holders_seen += 1
-            elif stuck and holders_seen == self._num_holders:
+            elif stuck and holders_seen == len(self._holding):
                 break
             if job.stored:  # offloaded: swapped in now, in the Step that runs it
                 n = 1 if job.num_pending == 1 else min(job.num_pending, budget)
@@ -396,14 +395,16 @@ class SchedulerCore:
 
     def _may_evict(self) -> bool:
         """Whether a job that does not fit may take a lower-priority paused job's blocks."""
-        policy = self.config.kv_policy
-        return policy == "recompute" or (policy in ("reactive", "proactive")
-                                         and self._store_up)
+        return self.config.kv_policy == "recompute" or self._swapping()
+
+    def _swapping(self) -> bool:
+        """Whether paused jobs' KV moves to the store now (a swapping policy, the store up)."""
+        return self.config.kv_policy in ("reactive", "proactive") and self._store_up
 
     def _blocks_short(self, job: Job, n: int) -> int:
         """Free blocks ``job`` lacks to compute ``n`` tokens (new jobs: with the watermark)."""
         if not job.started:
-            reserve = self._watermark_blocks if self._num_holders else 0
+            reserve = self._watermark_blocks if self._holding else 0
             need = blocks_for(job.num_tokens + 1, self.allocator.block_size) + reserve
         else:
             need = blocks_for(job.num_computed + n, self.allocator.block_size) - len(job.blocks)
@@ -424,7 +425,7 @@ class SchedulerCore:
             need = blocks_for(job.num_tokens + 1, self.allocator.block_size)
             # The watermark is for running jobs to grow into; with none, a prompt as long as
             # the pool may use it all.
-            reserve = self._watermark_blocks if self._num_holders else 0
+            reserve = self._watermark_blocks if self._holding else 0
             return n if need <= self.allocator.num_free - reserve else 0
         bs = self.allocator.block_size
         need = blocks_for(job.num_computed + n, bs) - len(job.blocks)
@@ -446,8 +447,7 @@ class SchedulerCore:
     def _evict(self, victim: Job, plan: StepPlan, drop_ok: bool) -> bool:
         """Free ``victim``'s device blocks: offload when the policy swaps and the store has
         room, else drop its KV when ``drop_ok``. Whether its blocks were freed."""
-        swaps = self.config.kv_policy in ("reactive", "proactive") and self._store_up
-        if (swaps and self._swappable(victim)
+        if (self._swapping() and self._swappable(victim)
                 and len(victim.blocks) <= self._store_free()):
             self._swap_out(victim, plan)
             return True
@@ -462,7 +462,6 @@ class SchedulerCore:
         and the job then keeps its blocks here too."""
         n = len(job.blocks)
         self._outgoing[job.job_id] = job.blocks
-        self._num_holders -= 1
         del self._holding[job.job_id]
         job.blocks = []
         job.stored = n
@@ -577,13 +576,11 @@ class SchedulerCore:
 
     def _hold(self, job: Job, blocks: list[int]) -> None:
         if blocks and not job.blocks:
-            self._num_holders += 1
             self._holding[job.job_id] = job
         job.blocks.extend(blocks)
 
     def _release(self, job: Job) -> None:
         if job.blocks:
-            self._num_holders -= 1
             del self._holding[job.job_id]
         self.allocator.free(job.blocks)
         job.blocks = []
@@ -717,7 +714,6 @@ class SchedulerCore:
     def check_invariants(self) -> None:
         """Free + held == total, and no block held twice (run when idle and in tests)."""
         assert self._num_waiting == sum(1 for j in self.jobs.values() if not j.started)
-        assert self._num_holders == sum(1 for j in self.jobs.values() if j.blocks)
         assert set(self._holding) == {j.job_id for j in self.jobs.values() if j.blocks}
         assert set(self._offloaded) == {j.job_id for j in self.jobs.values() if j.stored}
         assert all(not j.blocks for j in self._offloaded.values()), "offloaded job holds blocks"

@@ -94,16 +94,24 @@ def step(core, worker, now, elapsed=0.01, lost=()):
     return plan, updates
 
 
-def test_a_new_high_priority_job_offloads_a_paused_one_instead_of_waiting():
-    core = make(num_blocks=12, max_batch_size=1)
+def pause_long_job(core, max_tokens):
+    """Job 0 (30-token prompt) runs 12 iterations alone: prefilled, then decoding, demoted below
+    where a new short job lands, and holding 11 of the 12 blocks. Then job 1 arrives (14-token
+    prompt, 4 blocks: it does not fit beside job 0). Returns the worker model and the clock."""
     worker = WorkerModel(12)
-    core.add(make_job(0, prompt_len=30, max_tokens=100), 0.0)  # 8 blocks, runs long
+    core.add(make_job(0, prompt_len=30, max_tokens=max_tokens), 0.0)
     t = 0.0
-    for _ in range(12):  # prefill, then decodes: demoted below where a new short job lands
+    for _ in range(12):
         step(core, worker, t)
         t += 0.01
+    core.add(make_job(1, prompt_len=14, max_tokens=3), t)
+    return worker, t
+
+
+def test_a_new_high_priority_job_offloads_a_paused_one_instead_of_waiting():
+    core = make(num_blocks=12, max_batch_size=1)
+    worker, t = pause_long_job(core, max_tokens=100)
     assert core.jobs[0].blocks and core.policy.level[0] > 0
-    core.add(make_job(1, prompt_len=14, max_tokens=3), t)  # 4 blocks: does not fit beside it
     plan, _ = step(core, worker, t)
     assert plan.swap_out == [0] and not core.jobs[1].started
     n = math.ceil(core.jobs[0].num_computed / BS)
@@ -123,13 +131,7 @@ def test_a_new_high_priority_job_offloads_a_paused_one_instead_of_waiting():
 
 def test_defer_keeps_paused_kv_and_the_new_job_waits():
     core = make(kv_policy="defer", num_blocks=12, max_batch_size=1)
-    worker = WorkerModel(12)
-    core.add(make_job(0, prompt_len=30, max_tokens=30), 0.0)
-    t = 0.0
-    for _ in range(12):
-        step(core, worker, t)
-        t += 0.01
-    core.add(make_job(1, prompt_len=14, max_tokens=3), t)
+    worker, t = pause_long_job(core, max_tokens=30)
     plan, _ = step(core, worker, t)
     assert not plan.swap_out and [c.job_id for c in plan.commands] == [0]
     assert not core.jobs[1].started
@@ -137,13 +139,7 @@ def test_defer_keeps_paused_kv_and_the_new_job_waits():
 
 def test_recompute_drops_the_paused_job_and_computes_it_again():
     core = make(kv_policy="recompute", num_blocks=12, max_batch_size=1)
-    worker = WorkerModel(12)
-    core.add(make_job(0, prompt_len=30, max_tokens=100), 0.0)
-    t = 0.0
-    for _ in range(12):
-        step(core, worker, t)
-        t += 0.01
-    core.add(make_job(1, prompt_len=14, max_tokens=3), t)
+    worker, t = pause_long_job(core, max_tokens=100)
     plan, _ = step(core, worker, t)
     assert 0 in plan.free_job_ids and not plan.swap_out and core.jobs[1].started
     assert core.jobs[0].num_computed == 0 and core.num_recomputes == 1
@@ -151,13 +147,7 @@ def test_recompute_drops_the_paused_job_and_computes_it_again():
 
 def test_a_full_store_stops_new_prefills_from_displacing_paused_jobs():
     core = make(num_blocks=12, store_blocks=4, max_batch_size=1)  # the paused job needs 8
-    worker = WorkerModel(12)
-    core.add(make_job(0, prompt_len=30, max_tokens=30), 0.0)
-    t = 0.0
-    for _ in range(12):
-        step(core, worker, t)
-        t += 0.01
-    core.add(make_job(1, prompt_len=14, max_tokens=3), t)
+    worker, t = pause_long_job(core, max_tokens=30)
     plan, _ = step(core, worker, t)
     assert not plan.swap_out and 0 not in plan.free_job_ids
     assert not core.jobs[1].started and core.jobs[0].blocks
@@ -165,14 +155,8 @@ def test_a_full_store_stops_new_prefills_from_displacing_paused_jobs():
 
 def test_a_refused_swap_out_leaves_the_job_on_the_device():
     core = make(num_blocks=12, max_batch_size=1)
-    worker = WorkerModel(12)
-    core.add(make_job(0, prompt_len=30, max_tokens=100), 0.0)
-    t = 0.0
-    for _ in range(12):
-        step(core, worker, t)
-        t += 0.01
+    _, t = pause_long_job(core, max_tokens=100)
     blocks = list(core.jobs[0].blocks)
-    core.add(make_job(1, prompt_len=14, max_tokens=3), t)
     plan = core.schedule(t)
     assert plan.swap_out == [0]
     core.update(plan, StepResult([], [(0, "RESOURCE_EXHAUSTED: swap_out: store full")], 0.01,
@@ -185,13 +169,7 @@ def test_a_refused_swap_out_leaves_the_job_on_the_device():
 
 def test_lost_kv_is_recomputed_not_failed():
     core = make(num_blocks=12, max_batch_size=1)
-    worker = WorkerModel(12)
-    core.add(make_job(0, prompt_len=30, max_tokens=16), 0.0)
-    t = 0.0
-    for _ in range(12):
-        step(core, worker, t)
-        t += 0.01
-    core.add(make_job(1, prompt_len=14, max_tokens=3), t)
+    worker, t = pause_long_job(core, max_tokens=16)
     step(core, worker, t)  # job 0 offloaded
     assert core.jobs[0].stored
     while 1 in core.jobs:
@@ -267,13 +245,7 @@ def test_every_job_finishes_and_kv_accounting_returns_to_zero(jobs, policy, kv, 
 
 def test_worker_lost_mid_step_returns_offloaded_blocks():
     core = make(num_blocks=12, max_batch_size=1)
-    worker = WorkerModel(12)
-    core.add(make_job(0, prompt_len=30, max_tokens=16), 0.0)
-    t = 0.0
-    for _ in range(12):
-        step(core, worker, t)
-        t += 0.01
-    core.add(make_job(1, prompt_len=14, max_tokens=3), t)
+    _, t = pause_long_job(core, max_tokens=16)
     plan = core.schedule(t)
     assert plan.swap_out == [0]
     failed = core.fail_all("worker gone", t)  # the Step never answers
@@ -284,13 +256,7 @@ def test_worker_lost_mid_step_returns_offloaded_blocks():
 
 def test_a_command_after_a_failed_upload_is_recomputed_not_failed():
     core = make(kv_policy="reactive", num_blocks=12, max_batch_size=1)
-    worker = WorkerModel(12)
-    core.add(make_job(0, prompt_len=30, max_tokens=16), 0.0)
-    t = 0.0
-    for _ in range(12):
-        step(core, worker, t)
-        t += 0.01
-    core.add(make_job(1, prompt_len=14, max_tokens=3), t)
+    worker, t = pause_long_job(core, max_tokens=16)
     step(core, worker, t)
     while 1 in core.jobs:
         t += 0.01

@@ -64,21 +64,31 @@ def drive(engine: Engine, jobs: list[DriverJob], chunk: int | None = None, seed:
             cmd.commands.append(JobCommand(job.job_id, n, new_blocks))
         out = engine.step(cmd)
         assert not out.errors, out.errors
-        by_id = {j.job_id: j for j in batch}
-        for r in out.results:
-            job = by_id[r.job_id]
-            job.computed = r.num_computed_tokens
-            if r.token_id is not None:
-                job.output.append(r.token_id)
+        _record(out, batch)
         if max_batch is not None:
             active = active[1:] + active[:1]  # rotate: every job gets paused now and then
-        for job in [j for j in active if j.done]:
-            active.remove(job)
-            to_free.append(job.job_id)
-            free.extend(job.blocks)
+        _retire(active, to_free, free)
         it += 1
     assert engine.pool.num_used_blocks == 0 and not engine.jobs
     return {j.job_id: j.output for j in jobs}
+
+
+def _record(out, batch: list[DriverJob]) -> None:
+    """Apply a Step's results to the driver's jobs: computed tokens and sampled tokens."""
+    by_id = {j.job_id: j for j in batch}
+    for r in out.results:
+        job = by_id[r.job_id]
+        job.computed = r.num_computed_tokens
+        if r.token_id is not None:
+            job.output.append(r.token_id)
+
+
+def _retire(active: list[DriverJob], to_free: list[int], free: list[int]) -> None:
+    """Done jobs leave ``active``; they are freed in the next Step and their blocks reused."""
+    for job in [j for j in active if j.done]:
+        active.remove(job)
+        to_free.append(job.job_id)
+        free.extend(job.blocks)
 
 
 @dataclass
@@ -205,17 +215,9 @@ def drive_swapping(engine: Engine, jobs: list[DriverJob], max_batch: int, chunk:
         tally.hidden += s.num_swap_ins_hidden
         tally.waited += s.num_swap_ins_waited
         tally.wait_s += out.swap_wait_s
-        by_id = {j.job_id: j for j in batch}
-        for r in out.results:
-            job = by_id[r.job_id]
-            job.computed = r.num_computed_tokens
-            if r.token_id is not None:
-                job.output.append(r.token_id)
+        _record(out, batch)
         active = active[max_batch:] + active[:max_batch]
-        for job in [j for j in active if j.done]:
-            active.remove(job)
-            to_free.append(job.job_id)
-            free.extend(job.blocks)
+        _retire(active, to_free, free)
         it += 1
     assert engine.swap.wait_idle()
     final = engine.step(StepCommand())  # collects the stats of copies that ended after the last Step
