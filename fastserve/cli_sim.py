@@ -258,15 +258,16 @@ def run(args: argparse.Namespace) -> int:
         for label, row in zip(configs, rows):
             s = searches[label]
             ratio = s.rate / base if s.rate is not None and base else None
-            curve = ", ".join(f"{p.rate:g}: {p.mean_latency_per_token_s * 1e3:.0f}"
-                              for p in s.curve)
+            curve = ", ".join(f"{p.rate:g}: {'>' if p.lower_bound else ''}"
+                              f"{p.mean_latency_per_token_s * 1e3:.0f}" for p in s.curve)
             print(f"{label:<26} {_fmt(s.rate, '>12.3f')} {_fmt(ratio, '>7.2f')}{'x' if ratio else ' '}"
                   f"  {curve}")
             row.update({
                 "slo_s_per_token": slo, "rate_at_slo": s.rate, "slo_ratio_vs_fcfs": ratio,
                 "slo_curve": [{"rate": p.rate,
                                "mean_latency_per_token_s": p.mean_latency_per_token_s,
-                               "meets_slo": p.meets_slo} for p in s.curve],
+                               "meets_slo": p.meets_slo,
+                               "lower_bound": p.lower_bound} for p in s.curve],
             })
     if args.json:
         with open(args.json, "w") as f:

@@ -39,6 +39,9 @@ class Policy(ABC):
 
     name: ClassVar[str]
     needs_cost_model: ClassVar[bool] = False
+    # Whether a new arrival can rank ahead of jobs already started. Only then is it worth
+    # keeping free KV blocks for arrivals (the proactive planner's headroom).
+    arrivals_preempt: ClassVar[bool] = True
 
     def __init__(self, config: SchedulerConfig, cost_model: CostModel | None = None):
         self.config = config
@@ -85,6 +88,7 @@ class FCFS(Policy):
     """Iteration-level continuous batching in arrival order (Orca / vLLM)."""
 
     name = "fcfs"
+    arrivals_preempt = False
 
     def __init__(self, config: SchedulerConfig, cost_model: CostModel | None = None):
         super().__init__(config, cost_model)
@@ -108,6 +112,7 @@ class RunToCompletion(Policy):
     """Static batches (FasterTransformer): a batch is fixed until all its jobs end."""
 
     name = "rtc"
+    arrivals_preempt = False
 
     def __init__(self, config: SchedulerConfig, cost_model: CostModel | None = None):
         super().__init__(config, cost_model)

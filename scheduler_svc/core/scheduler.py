@@ -187,8 +187,13 @@ class _Space:
         if total < short:
             self._hopeless = short
             return
+        offloaded = 0
         for v in picked:
-            core._evict(v, self.plan, drop_ok=drops)
+            n = len(v.blocks)
+            if core._evict(v, self.plan, drop_ok=drops) and v.stored:
+                offloaded += n
+        if offloaded and not job.started:
+            core._claims[job.job_id] = core._claims.get(job.job_id, 0) + offloaded
         if self.plan.swap_out:
             # Offloaded blocks are reusable from the next Step on (see _swap_out): the job
             # asking starts then, and nobody else evicts for blocks already on their way.
@@ -229,6 +234,15 @@ class SchedulerCore:
         self._last_iteration_s = cost_model.min_iteration_time if cost_model else 0.05
         self.num_swap_outs = 0
         self.num_swap_ins = 0
+        # Predicted time the worker's copy engine finishes the swaps issued so far (swaps are
+        # priced by the cost model; without a price this stays in the past).
+        self._now = 0.0
+        self._copy_busy_until = 0.0
+        # Blocks a new job's offloads free for it: reserved for that job in the next Step, so
+        # a job walked earlier cannot take them and leave it to displace others again.
+        self._claims: dict[int, int] = {}
+        self._reserved: dict[int, int] = {}  # this Step's claims
+        self._reserved_total = 0
         self.num_kv_lost = 0
         self.swap_wait_s = 0.0
 
@@ -301,6 +315,9 @@ class SchedulerCore:
         """The next iteration's plan, or None when there is nothing to send."""
         plan = StepPlan(free_job_ids=self._pending_frees)
         self._pending_frees = []
+        self._now = now
+        self._reserved, self._claims = self._claims, {}
+        self._reserved_total = sum(self._reserved.values())
         self._store_up = self.store_blocks > 0 and now >= self._store_retry_at
         order = self.policy.order(now)
         chosen: set[int] = set()
@@ -318,12 +335,19 @@ class SchedulerCore:
         rank: dict[int, int] = {}
         bs = self.allocator.block_size
         space = _Space(self, now, plan, rank) if self._may_evict() else None
+        # A new job that must displace paused jobs takes a batch slot only while the blocks of
+        # the holders behind it (and, when swapping, the store's room) can cover every such
+        # job so far: otherwise jobs that cannot start would fill the batch's slots and stop
+        # the walk before the paused jobs that could run.
+        displaceable = self.allocator.num_used - sum(len(b) for b in self._outgoing.values())
+        claimed = 0
         for job in order:
             if len(plan.batch) + len(prefills) >= self.config.max_batch_size or budget <= 0:
                 break
             rank[job.job_id] = len(rank)
             if job.blocks:
                 holders_seen += 1
+                displaceable -= len(job.blocks)
             elif stuck and holders_seen == len(self._holding):
                 break
             if job.stored:  # offloaded: swapped in now, in the Step that runs it
@@ -336,7 +360,7 @@ class SchedulerCore:
                         and self.config.kv_policy != "proactive"):
                     space.make(job, need - self.allocator.num_free, chosen, (),
                                last_resort=True)
-                if need > self.allocator.num_free:
+                if need > self._free_for(job):
                     continue
                 self._swap_in(job, plan)
                 if job.num_pending > 1:
@@ -348,8 +372,15 @@ class SchedulerCore:
                 # A new job may push lower-priority paused jobs out (that is what lets a short
                 # arrival overtake long paused ones), once its chunk is sized below; a started
                 # job growing by a block waits instead (the last resort keeps the oldest moving).
-                if self._fit_blocks(job, n) > 0 or (space is not None and not job.started):
+                if self._fit_blocks(job, n) > 0:
                     prefills.append(job)
+                elif space is not None and not job.started:
+                    short = self._blocks_short(job, n)
+                    room = (displaceable if self.config.kv_policy == "recompute"
+                            else min(displaceable, self._store_free()))
+                    if claimed + short <= room:
+                        claimed += short
+                        prefills.append(job)
                 continue
             elif job.num_pending == 1:
                 if job.on_worker and job.num_computed < len(job.blocks) * bs:
@@ -389,9 +420,15 @@ class SchedulerCore:
         self.num_preemptions += sum(1 for j in self._last_batch
                                     if j not in chosen and j in self.jobs)
         self._last_batch = chosen
+        self._reserved, self._reserved_total = {}, 0
         if not (plan.batch or plan.free_job_ids or plan.swap_out or plan.swap_in):
             return None
         return plan
+
+    def _free_for(self, job: Job) -> int:
+        """Free blocks ``job`` may take: all but those reserved for other jobs this Step."""
+        return (self.allocator.num_free - self._reserved_total
+                + self._reserved.get(job.job_id, 0))
 
     def _may_evict(self) -> bool:
         """Whether a job that does not fit may take a lower-priority paused job's blocks."""
@@ -408,7 +445,7 @@ class SchedulerCore:
             need = blocks_for(job.num_tokens + 1, self.allocator.block_size) + reserve
         else:
             need = blocks_for(job.num_computed + n, self.allocator.block_size) - len(job.blocks)
-        return max(need - self.allocator.num_free, 0)
+        return max(need - self._free_for(job), 0)
 
     def _fit_blocks(self, job: Job, n: int) -> int:
         """How many of ``n`` tokens ``job`` can compute given free blocks (0 = it waits).
@@ -426,7 +463,7 @@ class SchedulerCore:
             # The watermark is for running jobs to grow into; with none, a prompt as long as
             # the pool may use it all.
             reserve = self._watermark_blocks if self._holding else 0
-            return n if need <= self.allocator.num_free - reserve else 0
+            return n if need <= self._free_for(job) - reserve else 0
         bs = self.allocator.block_size
         need = blocks_for(job.num_computed + n, bs) - len(job.blocks)
         if need > self.allocator.num_free:
@@ -470,6 +507,7 @@ class SchedulerCore:
         self._offloaded[job.job_id] = job
         self.num_swap_outs += 1
         plan.swap_out.append(job.job_id)
+        self._queue_copy(n)
 
     def _swap_in(self, job: Job, plan: StepPlan) -> None:
         """Give an offloaded job device blocks for its KV; the store copy is released when the
@@ -481,6 +519,15 @@ class SchedulerCore:
         del self._offloaded[job.job_id]
         job.stored = 0
         self.num_swap_ins += 1
+        self._queue_copy(n)
+
+    def _queue_copy(self, num_blocks: int) -> None:
+        self._copy_busy_until = (max(self._now, self._copy_busy_until)
+                                 + self._swap_seconds(num_blocks))
+
+    def _copy_backlog(self) -> float:
+        """Seconds of swaps already queued on the worker's copy engine (predicted)."""
+        return max(self._copy_busy_until - self._now, 0.0)
 
     def _unstore(self, job: Job) -> None:
         if job.stored:
@@ -490,6 +537,8 @@ class SchedulerCore:
 
     def _headroom(self, now: float) -> int:
         """Free blocks to keep for arrivals: the prompts of the last headroom window."""
+        if not self.policy.arrivals_preempt:
+            return 0  # arrivals queue behind every started job: nothing to keep for them
         arrivals = self._arrivals
         horizon = now - self.config.kv_headroom_window_s
         while arrivals and arrivals[0][0] < horizon:
@@ -503,43 +552,67 @@ class SchedulerCore:
         if not self._offloaded and self.allocator.num_free >= headroom:
             return
         iteration_s = self._last_iteration_s
-        enst = self.policy.enst(now, self.config.max_batch_size, iteration_s)
+        enst = self.policy.enst(now, self._batch_estimate(), iteration_s)
         soon = 2.0 * iteration_s  # uploads start this far ahead (the copy overlaps this Step)
         # Offload only jobs that will not run for a while: a job moved out and straight back
-        # costs two copies and gains nothing.
+        # costs two copies and gains nothing. With a cost model that prices swaps, "a while"
+        # also covers the round trip of the job's own KV.
         later = 4.0 * soon
+        swap_s = self._swap_seconds
         busy = chosen | set(plan.swap_out)
         # Paused device jobs, largest ENST first: the ones to offload.
         paused = sorted((j for j in self._holding.values()
                          if j.job_id not in busy and self._swappable(j)),
                         key=lambda j: enst.get(j.job_id, 0.0), reverse=True)
         bs = self.allocator.block_size
+        # Blocks of this Step's offloads: free from the next Step on (see _swap_out).
+        freeing = sum(len(self._outgoing[jid]) for jid in plan.swap_out)
+
+        def offload_ok(victim: Job, after: float) -> bool:
+            # It runs after ``after`` and its round trip, the store can take it, and the copy
+            # engine is not already busy past the next iterations (offloads queued beyond that
+            # only delay the uploads behind them).
+            return (enst.get(victim.job_id, 0.0) > after + 2 * swap_s(len(victim.blocks))
+                    and len(victim.blocks) <= self._store_free()
+                    and self._copy_backlog() <= soon)
+
         for job in sorted(self._offloaded.values(), key=lambda j: enst.get(j.job_id, 0.0)):
             if job.job_id in busy:
                 continue  # offloaded in this very Step: not back before the result confirms it
             t = enst.get(job.job_id, float("inf"))
-            if t > soon:
-                break
+            if t > soon + swap_s(job.stored):
+                continue
             need = blocks_for(job.num_computed + 1, bs)
             # Make room by offloading paused jobs that will run later than this one.
-            while self.allocator.num_free < need and paused:
-                victim = paused[0]
-                if (enst.get(victim.job_id, 0.0) <= max(t, later)
-                        or len(victim.blocks) > self._store_free()):
+            free = self.allocator.num_free - self._reserved_total
+            while free + freeing < need and paused:
+                if not offload_ok(paused[0], max(t, later)):
                     break
-                paused.pop(0)
+                victim = paused.pop(0)
+                freeing += len(victim.blocks)
                 self._swap_out(victim, plan)
-            if self.allocator.num_free < need:
-                break
+            if free < need:
+                break  # room is on its way (or cannot be made): upload from a later Step
             self._swap_in(job, plan)
             busy.add(job.job_id)
         # Restore the headroom with the paused jobs that will not run soon.
-        while self.allocator.num_free < headroom and paused:
-            victim = paused.pop(0)
-            if enst.get(victim.job_id, 0.0) <= later:
+        for victim in paused:
+            if self.allocator.num_free + freeing >= headroom:
                 break
-            if len(victim.blocks) <= self._store_free():
+            if offload_ok(victim, later):
+                freeing += len(victim.blocks)
                 self._swap_out(victim, plan)
+
+    def _batch_estimate(self) -> int:
+        """Jobs per iteration for ENST: the last batch's size (memory can bound it far below
+        max_batch_size), at least 1."""
+        return max(1, min(self.config.max_batch_size, len(self._last_batch)))
+
+    def _swap_seconds(self, num_blocks: int) -> float:
+        """Predicted one-way copy time of ``num_blocks`` blocks (0 without a pricing model)."""
+        if self.cost_model is None:
+            return 0.0
+        return self.cost_model.swap_time(num_blocks, self.allocator.block_size)
 
     def _make_room(self, order: Iterable[Job], budget: int, plan: StepPlan, now: float,
                    chosen: set[int]) -> None:
@@ -609,6 +682,8 @@ class SchedulerCore:
                                             list(job.blocks)))
             plan.commands.append(Command(job.job_id, n, []))
             job.on_worker = True
+        if job.job_id in self._reserved:
+            self._reserved_total -= self._reserved.pop(job.job_id)
         if job.first_scheduled_time is None:
             self._num_waiting -= 1
             job.first_scheduled_time = now

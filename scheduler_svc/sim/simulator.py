@@ -67,6 +67,9 @@ class SimResult:
     num_swap_outs: int = 0
     num_swap_ins: int = 0
     swap_wait_s: float = 0.0  # iterations' total wait for their own jobs' uploads
+    # Set when ``stop_above_s_per_token`` ended the run early: a lower bound of the mean
+    # latency per token that every request would have had (``records`` is then partial).
+    stopped_at_s_per_token: float | None = None
 
     def summary(self) -> dict:
         """``summarize()``'s keys, then the core's counters and the cost model's name."""
@@ -122,6 +125,7 @@ def simulate(
     progress: Callable[[int], None] | None = None,
     check_invariants: bool = False,
     store_blocks: int = 0,
+    stop_above_s_per_token: float | None = None,
 ) -> SimResult:
     """Run ``requests`` through a ``SchedulerCore`` with ``config.policy`` on one simulated worker.
 
@@ -133,6 +137,12 @@ def simulate(
     Swaps are modelled as one copy engine beside the compute: each Step's swap-outs, then its
     swap-ins, are queued on it as the Step starts (``cost_model.swap_time``), and an iteration
     waits only for the uploads of the jobs in its own batch.
+
+    ``stop_above_s_per_token``: stop as soon as the mean latency per token over all requests
+    is certain to exceed it. A live job's latency per token is at least (now - arrival) /
+    output tokens, so finished jobs' figures plus that bound for the live ones (0 for those
+    not yet arrived) is a lower bound; the SLO search ends overloaded runs this way instead of
+    simulating queues that only grow.
     """
     pool_tokens = num_blocks * block_size
     if max_context is None:
@@ -154,17 +164,23 @@ def simulate(
     num_iterations = 0
     next_i, num_specs = 0, len(specs)
     now = specs[0].arrival_s if specs else 0.0
+    # For stop_above_s_per_token: sum of finished jobs' latency per token, and over live jobs
+    # the sums of 1/output and arrival/output (their bound at time t is t*inv - arr).
+    done_per_token = live_inv = live_arr = 0.0
 
     def admit_until(t: float) -> None:
-        nonlocal next_i
+        nonlocal next_i, live_inv, live_arr
         while next_i < num_specs and specs[next_i].arrival_s <= t:
             s = specs[next_i]
             job = Job(next_i, [1] * s.input_tokens, s.output_tokens, s.arrival_s,
                       ignore_eos=True)
             core.add(job, s.arrival_s)
+            live_inv += 1.0 / s.output_tokens
+            live_arr += s.arrival_s / s.output_tokens
             next_i += 1
 
     num_idle_plans = 0  # plans in a row that computed nothing while jobs were live
+    stopped_at: float | None = None
     while True:
         admit_until(now)
         plan = core.schedule(now) if core.has_work() else None
@@ -227,20 +243,29 @@ def simulate(
                     s.arrival_s, job.first_token_time, job.finish_time, s.input_tokens,
                     len(job.output))
                 num_done += 1
+                live_inv -= 1.0 / s.output_tokens
+                live_arr -= s.arrival_s / s.output_tokens
+                done_per_token += (job.finish_time - s.arrival_s) / max(len(job.output), 1)
         if check_invariants:
             core.check_invariants()
         if progress is not None and num_done:
             progress(num_done)
         now = end
+        if stop_above_s_per_token is not None:
+            bound = (done_per_token + now * live_inv - live_arr) / num_specs
+            if bound > stop_above_s_per_token:
+                stopped_at = bound
+                break
     done_records = [r for r in records if r is not None]
-    assert len(done_records) == num_specs, f"{num_specs - len(done_records)} requests unfinished"
+    assert stopped_at is not None or len(done_records) == num_specs, (
+        f"{num_specs - len(done_records)} requests unfinished")
     return SimResult(
         policy=config.policy, cost_model=cost_model.name, rate=rate, records=done_records,
         num_iterations=num_iterations, num_preemptions=core.num_preemptions,
         num_skipped=skipped, num_clipped=clipped, sim_end_s=now,
         kv_policy=config.kv_policy, num_recomputes=core.num_recomputes,
         num_swap_outs=core.num_swap_outs, num_swap_ins=core.num_swap_ins,
-        swap_wait_s=core.swap_wait_s,
+        swap_wait_s=core.swap_wait_s, stopped_at_s_per_token=stopped_at,
     )
 
 
@@ -259,7 +284,9 @@ class SloPoint:
     rate: float
     mean_latency_per_token_s: float
     meets_slo: bool
-    summary: dict
+    summary: dict  # empty when the run was ended early
+    lower_bound: bool = False  # the run ended once the SLO was certainly missed: the
+    # latency figure is a lower bound
 
 
 @dataclass
@@ -306,7 +333,11 @@ def throughput_at_slo(
         result = simulate(requests_fn(rate), config=config, cost_model=cost_model,
                           num_blocks=num_blocks, block_size=block_size,
                           max_context=max_context, rate=rate, progress=progress,
-                          store_blocks=store_blocks)
+                          store_blocks=store_blocks, stop_above_s_per_token=slo)
+        if result.stopped_at_s_per_token is not None:  # a certain miss, ended early
+            search.curve.append(SloPoint(rate, result.stopped_at_s_per_token, False, {},
+                                         lower_bound=True))
+            return False
         s = result.summary()
         ok = s["mean_latency_per_token_s"] <= slo
         search.curve.append(SloPoint(rate, s["mean_latency_per_token_s"], ok, s))

@@ -270,3 +270,47 @@ def test_a_command_after_a_failed_upload_is_recomputed_not_failed():
     core.check_invariants()
     job = core.jobs[0]
     assert not job.status.finished and not job.on_worker and job.num_computed == 0
+
+
+def test_new_jobs_that_cannot_get_room_leave_the_batch_to_paused_jobs_that_can_run():
+    """Two long jobs hold most of the pool; three arrivals outrank them but cannot start (too
+    few free blocks, and the store cannot take the long jobs' KV). The arrivals must not take
+    the batch's slots: both long jobs keep decoding."""
+    core = make(num_blocks=16, store_blocks=2, max_batch_size=2, starve_limit_s=100.0)
+    worker = WorkerModel(16)
+    for i in range(2):
+        core.add(make_job(i, prompt_len=18, max_tokens=100), 0.0)
+    t = 0.0
+    for _ in range(8):
+        step(core, worker, t)
+        t += 0.01
+    assert core.allocator.num_free < 5 and core._store_free() < 7
+    for i in (2, 3, 4):
+        core.add(make_job(i, prompt_len=18, max_tokens=3), t)  # 5 blocks each
+    assert all(core.policy.level[i] < core.policy.level[0] for i in (2, 3, 4))
+    plan, _ = step(core, worker, t)
+    assert sorted(c.job_id for c in plan.commands) == [0, 1]
+    assert not plan.swap_out and not any(core.jobs[i].started for i in (2, 3, 4))
+
+
+def test_the_headroom_offloads_stop_once_enough_blocks_are_on_their_way():
+    """An offload's blocks come free only when the Step's result confirms it, so the planner
+    must count them as it goes: it offloads paused jobs until free plus outgoing blocks cover
+    the headroom, and not one job more."""
+    core = make(num_blocks=24, store_blocks=64, max_batch_size=1, starve_limit_s=100.0)
+    worker = WorkerModel(24)
+    for i in range(4):
+        core.add(make_job(i, prompt_len=14, max_tokens=200), 0.0)
+    t = 0.0
+    for _ in range(40):
+        step(core, worker, t)
+        t += 0.01
+    core.add(make_job(9, prompt_len=14, max_tokens=3), t)
+    headroom = core._headroom(t)
+    paused = [j for j in core._holding.values() if j.job_id != 9]
+    assert len(paused) >= 2  # more candidates than the headroom needs
+    plan = core.schedule(t)
+    assert [c.job_id for c in plan.commands] == [9]
+    outgoing = [len(core._outgoing[j]) for j in plan.swap_out]
+    assert plan.swap_out and core.allocator.num_free + sum(outgoing) >= headroom
+    assert core.allocator.num_free + sum(outgoing) - outgoing[-1] < headroom

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pathlib
 import random
 from dataclasses import dataclass
 
@@ -177,6 +178,50 @@ def test_throughput_at_slo_is_the_highest_rate_under_the_slo():
     refined = throughput_at_slo(trace, rates, config=SchedulerConfig(max_batch_size=2),
                                 cost_model=COST, num_blocks=256, refine_steps=3)
     assert search.rate <= refined.rate < first_miss and len(refined.curve) == len(search.curve) + 3
+
+
+def test_a_run_stopped_at_a_certain_slo_miss_reports_a_true_lower_bound():
+    reqs = make_requests(300, rate=200.0)  # far beyond what batch 2 serves
+    config = SchedulerConfig(max_batch_size=2)
+    full = simulate(reqs, config=config, cost_model=COST, num_blocks=256)
+    actual = full.summary()["mean_latency_per_token_s"]
+    stopped = simulate(reqs, config=config, cost_model=COST, num_blocks=256,
+                       stop_above_s_per_token=actual / 4)
+    assert stopped.stopped_at_s_per_token is not None
+    assert actual / 4 < stopped.stopped_at_s_per_token <= actual
+    assert len(stopped.records) < len(full.records)
+    assert full.stopped_at_s_per_token is None
+    # A threshold the run never crosses changes nothing.
+    same = simulate(reqs, config=config, cost_model=COST, num_blocks=256,
+                    stop_above_s_per_token=actual * 1.01)
+    assert same.stopped_at_s_per_token is None and same.summary() == full.summary()
+
+
+SHARED_TRACES = pathlib.Path(__file__).resolve().parents[3] / "shared" / "traces"
+
+
+@pytest.mark.skipif(not (SHARED_TRACES / "sharegpt_lengths_llama2.csv").is_file(),
+                    reason="the shared traces are not here")
+def test_proactive_offload_does_not_thrash_when_swaps_are_expensive():
+    """ShareGPT conversations (2-8k-token contexts, ~2-6 GB of OPT-13B KV each) in bursts
+    (Gamma arrivals, CV 4): skip-join MLFQ with the store once spent 97% of its time waiting
+    for swaps (25,000 offloads for 400 requests, mean JCT 35x that of defer): new jobs that
+    could not start filled the batch, the planner offloaded every candidate because outgoing
+    blocks were not counted, and blocks freed for a new job went to another. Now offloads
+    stay within a few per request and the store does not make things worse than keeping
+    paused KV on the device."""
+    from fastserve.traces import load_trace
+    from scheduler_svc.core.cost_model import OPT_13B_A100
+
+    reqs = load_trace(str(SHARED_TRACES / "sharegpt_lengths_llama2.csv"), rate=0.5,
+                      arrivals="gamma", cv=4, num_requests=400, seed=0)
+    runs = {kv: simulate(reqs, config=SchedulerConfig(policy="skip-join-mlfq", kv_policy=kv),
+                         cost_model=OPT_13B_A100, num_blocks=4096, store_blocks=20000)
+            for kv in ("proactive", "defer")}
+    proactive, defer = (runs[kv].summary() for kv in ("proactive", "defer"))
+    assert runs["proactive"].num_swap_outs <= 2 * len(reqs)
+    assert proactive["mean_jct_s"] <= 1.25 * defer["mean_jct_s"]
+    assert runs["proactive"].swap_wait_s <= 0.1 * proactive["makespan_s"]
 
 
 def test_cli_sim_prints_a_row_per_policy_and_writes_json(tmp_path, capsys):
