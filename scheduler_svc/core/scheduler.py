@@ -149,26 +149,26 @@ class _Space:
         self.plan = plan
         self.seen = seen
         self._victims: list[Job] | None = None
+        self._enst: dict[int, float] = {}
         self._hopeless = float("inf")
 
-    def make(self, job: Job, short: int, chosen: set[int], keep: Iterable[int],
-             last_resort: bool = False) -> None:
+    def make(self, job: Job, short: int, chosen: set[int], keep: Iterable[int]) -> None:
         """Evict until ``short`` more blocks are free, or evict nothing if that cannot be done.
 
-        ``last_resort``: a started job may drop victims' KV when the store cannot take it;
-        a new job only displaces paused jobs the store can take (a full store stops
-        admitting new prefills).
+        Victims go to the store when the policy swaps; only the recompute policy drops their
+        KV. With the store full, nobody is displaced: new prefills and reactive uploads wait
+        (the last resort in ``_make_room`` keeps the oldest job moving).
         """
         core = self.core
         if short <= 0 or short >= self._hopeless:
             return
         if self._victims is None:
-            enst = core.policy.enst(self.now, core.config.max_batch_size,
-                                    core._last_iteration_s)
+            self._enst = core.policy.enst(self.now, core._batch_estimate(),
+                                          core._last_iteration_s)
             self._victims = sorted(core._holding.values(),
-                                   key=lambda j: enst.get(j.job_id, 0.0), reverse=True)
+                                   key=lambda j: self._enst.get(j.job_id, 0.0), reverse=True)
         swaps = core._swapping()
-        drops = core.config.kv_policy == "recompute" or last_resort
+        drops = core.config.kv_policy == "recompute"
         rank = self.seen[job.job_id]
         self._victims = [v for v in self._victims
                          if v.blocks and self.seen.get(v.job_id, rank + 1) > rank]
@@ -176,7 +176,9 @@ class _Space:
         for v in self._victims:
             if v.job_id in chosen or v.job_id in keep:
                 continue
-            if swaps and core._swappable(v) and len(v.blocks) <= room:
+            # An offload pays when the victim's round trip is over before it runs again.
+            if (swaps and core._swappable(v) and len(v.blocks) <= room
+                    and self._enst.get(v.job_id, 0.0) > 2 * core._swap_seconds(len(v.blocks))):
                 room -= len(v.blocks)
             elif not drops:
                 continue
@@ -341,6 +343,12 @@ class SchedulerCore:
         # the walk before the paused jobs that could run.
         displaceable = self.allocator.num_used - sum(len(b) for b in self._outgoing.values())
         claimed = 0
+        # Under a policy whose arrivals never outrank started jobs (FCFS, RTC), admission is in
+        # order, as in vLLM: once a new job does not fit, the new jobs behind it wait too, and
+        # no new job displaces a started one. Skipping ahead would let younger jobs take the
+        # blocks the older one waits for, and displacing would offload jobs mid-decode.
+        strict = not self.policy.arrivals_preempt
+        admission_closed = False
         for job in order:
             if len(plan.batch) + len(prefills) >= self.config.max_batch_size or budget <= 0:
                 break
@@ -358,8 +366,7 @@ class SchedulerCore:
                 # blocks here.
                 if (need > self.allocator.num_free and space is not None
                         and self.config.kv_policy != "proactive"):
-                    space.make(job, need - self.allocator.num_free, chosen, (),
-                               last_resort=True)
+                    space.make(job, need - self.allocator.num_free, chosen, ())
                 if need > self._free_for(job):
                     continue
                 self._swap_in(job, plan)
@@ -372,12 +379,17 @@ class SchedulerCore:
                 # A new job may push lower-priority paused jobs out (that is what lets a short
                 # arrival overtake long paused ones), once its chunk is sized below; a started
                 # job growing by a block waits instead (the last resort keeps the oldest moving).
+                if admission_closed and not job.started:
+                    continue
                 if self._fit_blocks(job, n) > 0:
                     prefills.append(job)
+                elif strict and not job.started:
+                    admission_closed = True
                 elif space is not None and not job.started:
                     short = self._blocks_short(job, n)
                     room = (displaceable if self.config.kv_policy == "recompute"
-                            else min(displaceable, self._store_free()))
+                            else min(displaceable, self._store_free())
+                            if self._copy_backlog() <= 2 * self._last_iteration_s else 0)
                     if claimed + short <= room:
                         claimed += short
                         prefills.append(job)
@@ -402,7 +414,7 @@ class SchedulerCore:
         in_prefill = {j.job_id for j in prefills}
         for job in prefills:
             n = self._fit_blocks(job, min(job.num_pending, budget))
-            if n == 0 and budget > 0 and space is not None and not job.started:
+            if n == 0 and budget > 0 and space is not None and not job.started and not strict:
                 space.make(job, self._blocks_short(job, budget), chosen, in_prefill)
                 n = self._fit_blocks(job, min(job.num_pending, budget))
             if n > 0:
