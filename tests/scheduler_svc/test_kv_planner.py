@@ -314,3 +314,45 @@ def test_the_headroom_offloads_stop_once_enough_blocks_are_on_their_way():
     outgoing = [len(core._outgoing[j]) for j in plan.swap_out]
     assert plan.swap_out and core.allocator.num_free + sum(outgoing) >= headroom
     assert core.allocator.num_free + sum(outgoing) - outgoing[-1] < headroom
+
+
+@pytest.mark.parametrize("kv_policy", ["proactive", "recompute"])
+def test_fcfs_admits_in_order_and_never_displaces_a_started_job(kv_policy):
+    """vLLM-style admission: a younger job that would fit does not start ahead of an older
+    one waiting for blocks (it would take the blocks the older one waits for), and the older
+    one does not push the running job out."""
+    core = make(policy="fcfs", kv_policy=kv_policy, num_blocks=12, max_batch_size=4)
+    worker = WorkerModel(12)
+    core.add(make_job(0, prompt_len=30, max_tokens=6), 0.0)  # 8 blocks
+    step(core, worker, 0.0)
+    core.add(make_job(1, prompt_len=20, max_tokens=2), 0.01)  # 6 blocks: does not fit
+    core.add(make_job(2, prompt_len=6, max_tokens=2), 0.01)  # 2 blocks: would fit
+    jobs = dict(core.jobs)
+    t = 0.01
+    plan, _ = step(core, worker, t)
+    assert [c.job_id for c in plan.commands] == [0]
+    while core.has_work():
+        t += 0.01
+        step(core, worker, t)
+    assert jobs[1].first_scheduled_time <= jobs[2].first_scheduled_time
+    assert core.num_swap_outs == 0 and core.num_recomputes == 0
+
+
+def test_a_reactive_upload_waits_for_store_room_instead_of_dropping_kv():
+    """Reactive swapping makes room for an upload by offloading lower-priority jobs into the
+    store; with the store full the upload waits: it never drops another job's KV for it."""
+    core = make(kv_policy="reactive", num_blocks=12, store_blocks=11, max_batch_size=1,
+                starve_limit_s=0.05)
+    worker = WorkerModel(12)
+    core.add(make_job(0, prompt_len=30, max_tokens=100), 0.0)
+    t = 0.0
+    for _ in range(12):
+        step(core, worker, t)
+        t += 0.01
+    core.add(make_job(1, prompt_len=14, max_tokens=40), t)
+    step(core, worker, t)  # job 1 displaces job 0 into the store, which it fills
+    assert core.jobs[0].stored and core._store_free() == 0
+    while core.has_work():  # job 0 is promoted above job 1 while job 1 runs
+        t += 0.01
+        step(core, worker, t)
+    assert core.policy.num_promotions > 0 and core.num_recomputes == 0
