@@ -244,7 +244,6 @@ class SchedulerCore:
         # a job walked earlier cannot take them and leave it to displace others again.
         self._claims: dict[int, int] = {}
         self._reserved: dict[int, int] = {}  # this Step's claims
-        self._reserved_total = 0
         self.num_kv_lost = 0
         self.swap_wait_s = 0.0
 
@@ -319,7 +318,6 @@ class SchedulerCore:
         self._pending_frees = []
         self._now = now
         self._reserved, self._claims = self._claims, {}
-        self._reserved_total = sum(self._reserved.values())
         self._store_up = self.store_blocks > 0 and now >= self._store_retry_at
         order = self.policy.order(now)
         chosen: set[int] = set()
@@ -389,9 +387,12 @@ class SchedulerCore:
                     admission_closed = True
                 elif space is not None and not job.started:
                     short = self._blocks_short(job, n)
-                    room = (displaceable if self.config.kv_policy == "recompute"
-                            else min(displaceable, self._store_free())
-                            if self._copy_backlog() <= 2 * self._last_iteration_s else 0)
+                    if self.config.kv_policy == "recompute":
+                        room = displaceable
+                    elif self._copy_backlog() <= 2 * self._last_iteration_s:
+                        room = min(displaceable, self._store_free())
+                    else:
+                        room = 0  # the copy engine is busy: no displacement this Step
                     if claimed + short <= room:
                         claimed += short
                         prefills.append(job)
@@ -434,15 +435,15 @@ class SchedulerCore:
         self.num_preemptions += sum(1 for j in self._last_batch
                                     if j not in chosen and j in self.jobs)
         self._last_batch = chosen
-        self._reserved, self._reserved_total = {}, 0
+        self._reserved = {}
         if not (plan.batch or plan.free_job_ids or plan.swap_out or plan.swap_in):
             return None
         return plan
 
     def _free_for(self, job: Job) -> int:
         """Free blocks ``job`` may take: all but those reserved for other jobs this Step."""
-        return (self.allocator.num_free - self._reserved_total
-                + self._reserved.get(job.job_id, 0))
+        return self.allocator.num_free - sum(n for jid, n in self._reserved.items()
+                                             if jid != job.job_id)
 
     def _may_evict(self) -> bool:
         """Whether a job that does not fit may take a lower-priority paused job's blocks."""
@@ -598,7 +599,7 @@ class SchedulerCore:
                 continue
             need = blocks_for(job.num_computed + 1, bs)
             # Make room by offloading paused jobs that will run later than this one.
-            free = self.allocator.num_free - self._reserved_total
+            free = self.allocator.num_free - sum(self._reserved.values())
             while free + freeing < need and paused:
                 if not offload_ok(paused[0], max(t, later)):
                     break
@@ -696,8 +697,7 @@ class SchedulerCore:
                                             list(job.blocks)))
             plan.commands.append(Command(job.job_id, n, []))
             job.on_worker = True
-        if job.job_id in self._reserved:
-            self._reserved_total -= self._reserved.pop(job.job_id)
+        self._reserved.pop(job.job_id, None)
         if job.first_scheduled_time is None:
             self._num_waiting -= 1
             job.first_scheduled_time = now

@@ -94,16 +94,23 @@ def step(core, worker, now, elapsed=0.01, lost=()):
     return plan, updates
 
 
+def run_long_jobs(core, num_blocks, num_jobs, prompt_len, max_tokens, iterations):
+    """Jobs 0..num_jobs-1 arrive at 0 and run ``iterations`` Steps. Returns (worker, clock)."""
+    worker = WorkerModel(num_blocks)
+    for i in range(num_jobs):
+        core.add(make_job(i, prompt_len=prompt_len, max_tokens=max_tokens), 0.0)
+    t = 0.0
+    for _ in range(iterations):
+        step(core, worker, t)
+        t += 0.01
+    return worker, t
+
+
 def pause_long_job(core, max_tokens):
     """Job 0 (30-token prompt) runs 12 iterations alone: prefilled, then decoding, demoted below
     where a new short job lands, and holding 11 of the 12 blocks. Then job 1 arrives (14-token
     prompt, 4 blocks: it does not fit beside job 0). Returns the worker model and the clock."""
-    worker = WorkerModel(12)
-    core.add(make_job(0, prompt_len=30, max_tokens=max_tokens), 0.0)
-    t = 0.0
-    for _ in range(12):
-        step(core, worker, t)
-        t += 0.01
+    worker, t = run_long_jobs(core, 12, 1, prompt_len=30, max_tokens=max_tokens, iterations=12)
     core.add(make_job(1, prompt_len=14, max_tokens=3), t)
     return worker, t
 
@@ -277,13 +284,7 @@ def test_new_jobs_that_cannot_get_room_leave_the_batch_to_paused_jobs_that_can_r
     few free blocks, and the store cannot take the long jobs' KV). The arrivals must not take
     the batch's slots: both long jobs keep decoding."""
     core = make(num_blocks=16, store_blocks=2, max_batch_size=2, starve_limit_s=100.0)
-    worker = WorkerModel(16)
-    for i in range(2):
-        core.add(make_job(i, prompt_len=18, max_tokens=100), 0.0)
-    t = 0.0
-    for _ in range(8):
-        step(core, worker, t)
-        t += 0.01
+    worker, t = run_long_jobs(core, 16, 2, prompt_len=18, max_tokens=100, iterations=8)
     assert core.allocator.num_free < 5 and core._store_free() < 7
     for i in (2, 3, 4):
         core.add(make_job(i, prompt_len=18, max_tokens=3), t)  # 5 blocks each
@@ -298,13 +299,7 @@ def test_the_headroom_offloads_stop_once_enough_blocks_are_on_their_way():
     must count them as it goes: it offloads paused jobs until free plus outgoing blocks cover
     the headroom, and not one job more."""
     core = make(num_blocks=24, store_blocks=64, max_batch_size=1, starve_limit_s=100.0)
-    worker = WorkerModel(24)
-    for i in range(4):
-        core.add(make_job(i, prompt_len=14, max_tokens=200), 0.0)
-    t = 0.0
-    for _ in range(40):
-        step(core, worker, t)
-        t += 0.01
+    worker, t = run_long_jobs(core, 24, 4, prompt_len=14, max_tokens=200, iterations=40)
     core.add(make_job(9, prompt_len=14, max_tokens=3), t)
     headroom = core._headroom(t)
     paused = [j for j in core._holding.values() if j.job_id != 9]
@@ -343,12 +338,7 @@ def test_a_reactive_upload_waits_for_store_room_instead_of_dropping_kv():
     store; with the store full the upload waits: it never drops another job's KV for it."""
     core = make(kv_policy="reactive", num_blocks=12, store_blocks=11, max_batch_size=1,
                 starve_limit_s=0.05)
-    worker = WorkerModel(12)
-    core.add(make_job(0, prompt_len=30, max_tokens=100), 0.0)
-    t = 0.0
-    for _ in range(12):
-        step(core, worker, t)
-        t += 0.01
+    worker, t = run_long_jobs(core, 12, 1, prompt_len=30, max_tokens=100, iterations=12)
     core.add(make_job(1, prompt_len=14, max_tokens=40), t)
     step(core, worker, t)  # job 1 displaces job 0 into the store, which it fills
     assert core.jobs[0].stored and core._store_free() == 0
