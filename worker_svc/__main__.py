@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     from grpc_health.v1 import health
 
     from worker_svc import profiler
+    from worker_svc.compute_thread import ComputeThread
     from worker_svc.loader import EngineConfig, load_engine
     from worker_svc.metrics import WorkerMetrics
     from worker_svc.server import create_server
@@ -102,14 +103,16 @@ def main(argv: list[str] | None = None) -> int:
             kvstore=args.kvstore,
             kvstore_client_id=args.kvstore_client_id or f"{socket.gethostname()}:{os.getpid()}",
         )
-        loaded = load_engine(cfg)
+        # Loaded on the thread that will run every Step (see compute_thread.py).
+        compute = ComputeThread()
+        loaded = compute.run(load_engine, cfg)
     except ValueError as e:  # bad settings or an unusable model: say why, no traceback
         log.error("%s", e)
         return 2
     if stop.is_set():
         return 0
     if args.profile_at_start:
-        profile = profiler.get_profile(loaded.engine, loaded.model_path)
+        profile = compute.run(profiler.get_profile, loaded.engine, loaded.model_path)
         log.info("profile %s (%s)", profile.cache_key, "cached" if profile.cached else "measured")
     metrics = None
     if args.metrics_port >= 0:
@@ -128,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             model_arg=args.model,
             health_servicer=health_servicer,
             on_step=metrics.observe_step if metrics is not None else None,
+            compute=compute,
         )
     except RuntimeError as e:
         log.error("cannot listen on %s: %s", args.listen, e)

@@ -1,6 +1,8 @@
 """The worker's gRPC service: a thin layer over the engine (fastserve.v1.Worker).
 
-One Step stream at a time drives the engine, in the servicer thread that reads it. Everything
+One Step stream at a time drives the engine. Every use of the engine (Steps, profiling, the
+frees of a detached scheduler) runs on one compute thread (``compute_thread.py``), never on
+the gRPC thread that received the call. Everything
 a stream creates dies with it: when the stream ends (the scheduler closed it, cancelled, or its
 connection dropped) the worker frees the stream's jobs, so a reconnecting scheduler starts from
 an empty pool.
@@ -21,6 +23,7 @@ from fastserve.proto import worker_pb2 as pb
 from fastserve.proto import worker_pb2_grpc
 from fastserve.serving import start_with_health
 from worker_svc import profiler, wire
+from worker_svc.compute_thread import ComputeThread
 from worker_svc.engine import ErrorCode, JobError, StepCommand, StepOutcome
 from worker_svc.loader import LoadedModel
 
@@ -40,15 +43,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         loaded: LoadedModel,
         model_arg: str | None = None,
         on_step: Callable[[StepOutcome, int], None] | None = None,
+        compute: ComputeThread | None = None,
     ):
         self.loaded = loaded
+        # The thread that loaded the model, when the caller passes it (see compute_thread.py).
+        self.compute = compute or ComputeThread()
         self.engine = loaded.engine
         self.model_arg = model_arg if model_arg is not None else loaded.model_path
         self.on_step = on_step  # called with each Step's outcome and commanded tokens (metrics)
         # Held by the Step stream that drives the engine.
         self._attached = threading.Lock()
-        # Held around every use of the engine (Step iterations, profiling).
-        self._engine_lock = threading.Lock()
 
     def Describe(
         self, request: pb.DescribeRequest, context: grpc.ServicerContext
@@ -82,25 +86,27 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def Profile(
         self, request: pb.ProfileRequest, context: grpc.ServicerContext
     ) -> pb.ProfileResponse:
-        with self._engine_lock:
-            # Under the lock, so a caller that waited for someone else's measurement gets it.
-            if not request.force:
-                key = profiler.cache_key(self.engine, self.loaded.model_path)
-                cached = profiler.load(profiler.profile_path(key))
-                if cached is not None:
-                    return wire.profile_to_proto(cached)
-            if self.engine.jobs:
-                context.abort(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"profiling needs an idle worker; {len(self.engine.jobs)} jobs are "
-                    "active (free them, or profile before attaching a scheduler)",
-                )
-            try:
-                profile = profiler.get_profile(self.engine, self.loaded.model_path, force=True)
-            except Exception as e:
-                log.exception("profiling failed")
-                context.abort(grpc.StatusCode.INTERNAL, f"profiling failed: {e}")
+        # On the compute thread, so a caller that waited for someone else's measurement gets it.
+        profile, code, why = self.compute.run(self._profile, request.force)
+        if profile is None:
+            context.abort(code, why)
         return wire.profile_to_proto(profile)
+
+    def _profile(self, force: bool) -> tuple[profiler.Profile | None, grpc.StatusCode | None, str]:
+        if not force:
+            key = profiler.cache_key(self.engine, self.loaded.model_path)
+            cached = profiler.load(profiler.profile_path(key))
+            if cached is not None:
+                return cached, None, ""
+        if self.engine.jobs:
+            return None, grpc.StatusCode.FAILED_PRECONDITION, (
+                f"profiling needs an idle worker; {len(self.engine.jobs)} jobs are active "
+                "(free them, or profile before attaching a scheduler)")
+        try:
+            return profiler.get_profile(self.engine, self.loaded.model_path, force=True), None, ""
+        except Exception as e:  # noqa: BLE001 - reported to the caller
+            log.exception("profiling failed")
+            return None, grpc.StatusCode.INTERNAL, f"profiling failed: {e}"
 
     def Step(
         self, request_iterator: Iterator[pb.StepRequest], context: grpc.ServicerContext
@@ -120,37 +126,38 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     def _step(self, request: pb.StepRequest, owned: set[int]) -> pb.StepResponse:
         pool = self.engine.pool
-        with self._engine_lock:
-            try:
-                cmd, errors = wire.step_command_from_proto(request)
-                out = self.engine.step(cmd)
-            except Exception as e:
-                log.exception("step %d failed", request.step_id)
-                out = _fail_all(request, f"step failed: {type(e).__name__}: {e}")
-            else:
-                out.errors[:0] = errors
-            # Recomputed from the engine, so it stays right even after a Step that failed midway.
-            owned.update(j.job_id for j in request.new_jobs)
-            owned.intersection_update(self.engine.jobs)
-            used = pool.num_used_blocks
+        out, used = self.compute.run(self._execute, request, owned)
         if self.on_step is not None:
             self.on_step(out, sum(c.num_tokens for c in request.commands))
         return wire.step_outcome_to_proto(out, request.step_id, used, pool.num_blocks - used)
 
+    def _execute(self, request: pb.StepRequest, owned: set[int]) -> tuple[StepOutcome, int]:
+        """Compute thread: one Step; returns its outcome and the blocks in use after it."""
+        try:
+            cmd, errors = wire.step_command_from_proto(request)
+            out = self.engine.step(cmd)
+        except Exception as e:  # noqa: BLE001 - one failed Step must not end the stream
+            log.exception("step %d failed", request.step_id)
+            out = _fail_all(request, f"step failed: {type(e).__name__}: {e}")
+        else:
+            out.errors[:0] = errors
+        # Recomputed from the engine, so it stays right even after a Step that failed midway.
+        owned.update(j.job_id for j in request.new_jobs)
+        owned.intersection_update(self.engine.jobs)
+        return out, self.engine.pool.num_used_blocks
+
     def _detach(self, peer: str, owned: set[int]) -> None:
-        with self._engine_lock:
-            live = sorted(j for j in owned if j in self.engine.jobs)
-            if live:
-                before = self.engine.pool.num_used_blocks
-                self.engine.step(StepCommand(free_job_ids=live))
-                log.info(
-                    "scheduler detached: %s; freed %d jobs (%d blocks)",
-                    peer,
-                    len(live),
-                    before - self.engine.pool.num_used_blocks,
-                )
-            else:
-                log.info("scheduler detached: %s; no jobs to free", peer)
+        self.compute.run(self._free_owned, peer, owned)
+
+    def _free_owned(self, peer: str, owned: set[int]) -> None:
+        live = sorted(j for j in owned if j in self.engine.jobs)
+        if live:
+            before = self.engine.pool.num_used_blocks
+            self.engine.step(StepCommand(free_job_ids=live))
+            log.info("scheduler detached: %s; freed %d jobs (%d blocks)", peer, len(live),
+                     before - self.engine.pool.num_used_blocks)
+        else:
+            log.info("scheduler detached: %s; no jobs to free", peer)
 
 
 def _fail_all(request: pb.StepRequest, message: str) -> StepOutcome:
@@ -173,17 +180,20 @@ def create_server(
     health_servicer: health.HealthServicer | None = None,
     max_workers: int = 8,
     on_step: Callable[[StepOutcome, int], None] | None = None,
+    compute: ComputeThread | None = None,
 ) -> tuple[grpc.Server, int]:
     """A started gRPC server for ``loaded`` on ``address`` (port 0 picks a free port).
 
     Serves fastserve.v1.Worker and the standard health service, SERVING for "" and the
     Worker service. Pass ``health_servicer`` to flip it to NOT_SERVING on shutdown
     (``enter_graceful_shutdown()``). ``on_step(outcome, num_tokens)`` is called after each
-    Step (metrics). Returns the server and the bound port; raises
+    Step (metrics). ``compute`` is the thread that loaded the model (a new one if None).
+    Returns the server and the bound port; raises
     RuntimeError when ``address`` cannot be bound.
     """
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="worker-rpc")
     )
-    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(loaded, model_arg, on_step), server)
+    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(loaded, model_arg, on_step, compute),
+                                               server)
     return server, start_with_health(server, address, SERVICE_NAME, health_servicer)
