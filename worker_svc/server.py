@@ -104,7 +104,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 "(free them, or profile before attaching a scheduler)")
         try:
             return profiler.get_profile(self.engine, self.loaded.model_path, force=True), None, ""
-        except Exception as e:  # noqa: BLE001 - reported to the caller
+        except Exception as e:  # reported to the caller
             log.exception("profiling failed")
             return None, grpc.StatusCode.INTERNAL, f"profiling failed: {e}"
 
@@ -136,7 +136,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         try:
             cmd, errors = wire.step_command_from_proto(request)
             out = self.engine.step(cmd)
-        except Exception as e:  # noqa: BLE001 - one failed Step must not end the stream
+        except Exception as e:  # one failed Step must not end the stream
             log.exception("step %d failed", request.step_id)
             out = _fail_all(request, f"step failed: {type(e).__name__}: {e}")
         else:

@@ -6,7 +6,12 @@ scheduler with ``--policy P`` (metrics off, any port) attached to it, replays th
 scheduler; the worker frees everything a scheduler left when its stream closes, so every
 policy starts from an empty KV pool (``--fresh-worker`` restarts the worker too).
 
-Prints one table (a row per policy, per rate) with each policy's mean and p95 JCT as a
+Peers (``--peer NAME=URL``, any OpenAI-compatible server: vLLM, SGLang, llama.cpp) are
+replayed the same trace after the policies, with the same client summary, so a side-by-side is
+one command. With ``--peer-cmd NAME=COMMAND`` the peer is started fresh for each run (and
+stopped after it), ready once ``URL/v1/models`` answers; without it, the server must be running.
+
+Prints one table (a row per policy or peer, per rate) with each policy's mean and p95 JCT as a
 multiple of FCFS's when fcfs is among the policies. Writes to ``--out-dir``: the JCT CDF of
 every policy (``jct_cdf.png``), mean and p95 latency per token against the rate when there
 are several rates (``latency_vs_rate.png``), ``summaries.json`` and one JSON per run with
@@ -23,6 +28,7 @@ import time
 from typing import Any
 
 from fastserve.bench import serve as bench_serve
+from fastserve.bench.peers import peer_specs
 from fastserve.traces import describe
 
 DEFAULT_OUT_DIR = "bench-compare"
@@ -47,8 +53,18 @@ def _name_list(text: str) -> list[str]:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="replay one trace against several scheduling policies")
-    p.add_argument("--policies", required=True, type=_name_list,
+    p.add_argument("--policies", type=_name_list, default=[],
                    help="comma-separated policies, e.g. fcfs,skip-join-mlfq")
+    p.add_argument("--peer", action="append", default=[], metavar="NAME=URL",
+                   help="an OpenAI-compatible server to replay the same trace against, e.g. "
+                   "vllm=http://127.0.0.1:8001 (repeatable)")
+    p.add_argument("--peer-cmd", action="append", default=[], metavar="NAME=COMMAND",
+                   help="shell command that starts peer NAME; it is started before each of "
+                   "its runs and stopped after (repeatable)")
+    p.add_argument("--peer-model", action="append", default=[], metavar="NAME=MODEL",
+                   help="model name sent to peer NAME (default: the first it lists)")
+    p.add_argument("--peer-start-timeout", type=float, default=900.0,
+                   help="seconds a started peer may take to answer /v1/models")
     bench_serve.add_trace_args(p)
     p.add_argument("--rates", type=_float_list, default=None,
                    help="comma-separated arrival rates (requests/s); each is run for every "
@@ -160,6 +176,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: unknown policies {', '.join(unknown)}; the scheduler has "
               f"{', '.join(sorted(POLICIES))}", file=sys.stderr)
         return 2
+    try:
+        peers = peer_specs(args.peer, args.peer_cmd, args.peer_model)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not args.policies and not peers:
+        print("error: nothing to compare: give --policies, --peer or both", file=sys.stderr)
+        return 2
     rates: list[float | None] = list(args.rates) if args.rates else [args.rate]
     try:
         traces = {rate: bench_serve.trace_from_args(args, rate) for rate in rates}
@@ -179,6 +203,18 @@ def run(args: argparse.Namespace) -> int:
     jcts: dict[float | None, dict[str, list[float]]] = {}
     infos = {}
     errors: list[str] = []
+
+    def record(name: str, result: dict[str, Any], started: float, config: dict) -> None:
+        summary = bench_serve.bench_summary(result, label)
+        summary["policy"] = name  # the name asked for, even if Status says otherwise
+        summary["scheduler_policy"] = result["policy"]
+        summary["wall_s"] = time.monotonic() - started
+        summaries.append(summary)
+        jcts.setdefault(rate, {})[name] = bench_serve.jcts(result["requests"])
+        bench_serve.write_json(str(out_dir / f"{name}_rate{_rate_tag(rate)}.json"), {
+            "summary": summary, "requests": result["requests"], "trace": info,
+            "config": config})
+
     try:
         for rate, trace in traces.items():
             info = infos[rate] = describe(trace)
@@ -202,16 +238,20 @@ def run(args: argparse.Namespace) -> int:
                     continue
                 finally:
                     cluster.stop_scheduler()
-                summary = bench_serve.bench_summary(result, label)
-                summary["policy"] = name  # the name asked for, even if Status says otherwise
-                summary["scheduler_policy"] = result["policy"]
-                summary["wall_s"] = time.monotonic() - started
-                summaries.append(summary)
-                jcts.setdefault(rate, {})[name] = bench_serve.jcts(result["requests"])
-                bench_serve.write_json(str(out_dir / f"{name}_rate{_rate_tag(rate)}.json"), {
-                    "summary": summary, "requests": result["requests"], "trace": info,
-                    "config": _config(args, rate, model, cluster, policy, result["status"]),
-                })
+                record(name, result, started,
+                       _config(args, rate, model, cluster, policy, result["status"]))
+            for peer in peers:
+                started = time.monotonic()
+                try:
+                    result = peer.run(trace, prompts, args,
+                                      desc=f"{peer.name} @ {bench_serve._fmt(label)} req/s")
+                except (ConnectionError, TimeoutError, OSError) as e:
+                    errors.append(f"{peer.name} at rate {_rate_tag(rate)}: {e}")
+                    bench_serve._warn(errors[-1])
+                    continue
+                record(peer.name, result, started,
+                       {**bench_serve.trace_config(args, rate), "peer": peer.name,
+                        "url": peer.url, "command": peer.command, "server": result["status"]})
     finally:
         cluster.close()
 

@@ -200,8 +200,8 @@ def _fmt(x: float | None) -> str:
 
 def report(results: dict, config: dict, mismatches: tuple[int, int] | None) -> str:
     eng, hf = results["engine"], results["transformers"]
-    lines = [f"model {config['model']}  device {config['device']}  dtype {config['dtype']}  "
-             f"threads {config['threads']}",
+    lines = [(f"model {config['model']}  device {config['device']}  dtype {config['dtype']}  "
+              f"threads {config['threads']}"),
              f"{'metric':<28}{'engine':>12}{'transformers':>15}{'ratio':>9}"]
     rows = [(f"decode tok/s  batch {b}", eng["decode_tokens_s"][b],
              hf and hf["decode_tokens_s"][b]) for b in eng["decode_tokens_s"]]

@@ -23,7 +23,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -76,6 +76,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--address", default=None,
                    help="scheduler HOST:PORT (default $FASTSERVE_ADDRESS or 127.0.0.1:50051); "
                    "nothing is started: the cluster must be running")
+    p.add_argument("--openai-url", default=None, metavar="URL",
+                   help="replay against this OpenAI-compatible server instead (vLLM, SGLang, "
+                   "llama.cpp, FastServe's HTTP API), e.g. http://127.0.0.1:8000")
+    p.add_argument("--openai-model", default=None, metavar="NAME",
+                   help="model name sent to the OpenAI server (default: the first it lists)")
+    p.add_argument("--name", default=None,
+                   help="the row's label (default: the scheduler's policy, or 'openai')")
     add_trace_args(p)
     p.add_argument("--json", default=None, metavar="OUT",
                    help="write the summary, every request, the trace and the config as JSON")
@@ -106,11 +113,21 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    address = args.address or default_address()
+    address = args.openai_url or args.address or default_address()
     prompts = make_prompts(trace, args.seed)
     try:
-        result = replay(address, trace, prompts, timeout_s=args.timeout_s,
-                        warmup=args.warmup, progress=not args.no_progress)
+        if args.openai_url:
+            from fastserve.bench.openai_backend import replay_openai_async
+
+            result = asyncio.run(replay_openai_async(
+                args.openai_url, trace, prompts, model=args.openai_model,
+                name=args.name or "openai", timeout_s=args.timeout_s, warmup=args.warmup,
+                progress=not args.no_progress))
+        else:
+            result = replay(address, trace, prompts, timeout_s=args.timeout_s,
+                            warmup=args.warmup, progress=not args.no_progress)
+            if args.name:
+                result["policy"] = args.name
     except ConnectionError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -154,13 +171,13 @@ async def replay_async(address: str, trace: Sequence[TraceRequest],
                        desc: str | None = None) -> dict[str, Any]:
     """Send each request at its arrival time; returns ``{"policy", "status", "requests"}``.
 
-    Each request record: index, request_id, arrival, sent, first_token, finish (s from the
-    start; None when it never happened), input_tokens, max_tokens, output_tokens (received),
-    finish_reason, error (None when it completed), and the server's own usage timings.
-    Raises ``ConnectionError`` when the scheduler cannot be reached at the start.
+    Each request record (``new_record``): index, request_id, arrival, sent, first_token,
+    finish (s from the start; None when it never happened), input_tokens, max_tokens,
+    output_tokens (received), finish_reason, error (None when it completed), and the server's
+    own usage timings. Raises ``ConnectionError`` when the scheduler cannot be reached at the
+    start.
     """
     import grpc
-    from tqdm.auto import tqdm
 
     from fastserve.client import _CHANNEL_OPTIONS, _to_dict
     from fastserve.proto import scheduler_pb2 as pb
@@ -178,9 +195,7 @@ async def replay_async(address: str, trace: Sequence[TraceRequest],
         except grpc.aio.AioRpcError as e:
             raise ConnectionError(f"cannot reach the scheduler at {address}: "
                                   f"{e.code().name}: {e.details()}") from None
-        for i in range(warmup):
-            ids = np.random.default_rng([0xFFFFFFFF, i]).integers(*PROMPT_TOKEN_RANGE,
-                                                          size=WARMUP_PROMPT_TOKENS).tolist()
+        for i, ids in enumerate(warmup_prompts(warmup)):
             req = pb.GenerateRequest(
                 token_ids=pb.TokenIds(ids=ids), request_id=f"bench-warmup-{i}-{time.time_ns()}",
                 sampling=pb.SamplingOptions(max_tokens=WARMUP_MAX_TOKENS, temperature=0.0,
@@ -191,25 +206,10 @@ async def replay_async(address: str, trace: Sequence[TraceRequest],
             except grpc.aio.AioRpcError as e:
                 _warn(f"warm-up request failed: {e.code().name}: {e.details()}")
 
-        bar = tqdm(total=len(trace), desc=desc or status.policy, unit="req", file=sys.stderr,
-                   disable=not progress, dynamic_ncols=True)
-        records: list[dict[str, Any]] = [{} for _ in trace]
-        failed = 0
-        run_id = time.time_ns()
-        t0 = time.perf_counter()
-
-        async def one(i: int, r: TraceRequest) -> None:
-            nonlocal failed
-            rec = records[i] = {
-                "index": i, "request_id": f"bench-{run_id}-{i}", "arrival": r.arrival_s,
-                "sent": time.perf_counter() - t0, "first_token": None, "finish": None,
-                "input_tokens": r.input_tokens, "max_tokens": r.output_tokens,
-                "output_tokens": 0, "finish_reason": None, "error": None,
-                "server_queue_time_s": None, "server_ttft_s": None, "server_total_time_s": None,
-            }
+        async def one(rec: dict[str, Any], prompt: Sequence[int], t0: float) -> None:
             req = pb.GenerateRequest(
-                token_ids=pb.TokenIds(ids=prompts[i]), request_id=rec["request_id"],
-                sampling=pb.SamplingOptions(max_tokens=r.output_tokens, temperature=0.0,
+                token_ids=pb.TokenIds(ids=prompt), request_id=rec["request_id"],
+                sampling=pb.SamplingOptions(max_tokens=rec["max_tokens"], temperature=0.0,
                                             ignore_eos=True))
             final = None
             try:
@@ -237,30 +237,80 @@ async def replay_async(address: str, trace: Sequence[TraceRequest],
                                     + (f": {final.error_message}" if final.error_message else ""))
             elif rec["error"] is None:
                 rec["error"] = "the stream ended without a final message"
-            if rec["error"] is None and rec["output_tokens"] == 0:
-                rec["error"] = "no output tokens"
-            if rec["error"] is not None:
-                failed += 1
-                bar.set_postfix(failed=failed, refresh=False)
-            bar.update(1)
 
-        tasks = []
-        try:
-            for i, r in enumerate(trace):
-                delay = t0 + r.arrival_s - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                tasks.append(asyncio.create_task(one(i, r)))
-            await asyncio.gather(*tasks)
-        finally:
-            for t in tasks:
-                t.cancel()
-            bar.close()
+        records = await drive(trace, prompts, one, label=desc or status.policy,
+                              progress=progress)
         try:  # the counters after the run (swaps, preemptions); the start's if unreachable
             status = await stub.Status(pb.StatusRequest(), timeout=STATUS_TIMEOUT_S)
         except grpc.aio.AioRpcError as e:
             _warn(f"Status after the run failed: {e.code().name}: {e.details()}")
     return {"policy": status.policy, "status": _to_dict(status), "requests": records}
+
+
+def warmup_prompts(n: int) -> list[list[int]]:
+    """The untimed warm-up prompts: the same short token ids for every backend."""
+    return [np.random.default_rng([0xFFFFFFFF, i]).integers(
+        *PROMPT_TOKEN_RANGE, size=WARMUP_PROMPT_TOKENS).tolist() for i in range(n)]
+
+
+def new_record(i: int, r: TraceRequest, request_id: str, sent: float) -> dict[str, Any]:
+    """A request's record before it is sent: what the trace asks, nothing received yet."""
+    return {
+        "index": i, "request_id": request_id, "arrival": r.arrival_s, "sent": sent,
+        "first_token": None, "finish": None, "input_tokens": r.input_tokens,
+        "max_tokens": r.output_tokens, "output_tokens": 0, "finish_reason": None,
+        "error": None, "server_queue_time_s": None, "server_ttft_s": None,
+        "server_total_time_s": None,
+    }
+
+
+SendOne = Callable[[dict[str, Any], Sequence[int], float], Awaitable[None]]
+
+
+async def drive(trace: Sequence[TraceRequest], prompts: Sequence[Sequence[int]], one: SendOne,
+                *, label: str, progress: bool = True) -> list[dict[str, Any]]:
+    """The replay shared by every backend: each request on its own task at its arrival time.
+
+    ``one(record, prompt, t0)`` sends one request and fills its record (``first_token``,
+    ``finish``, ``output_tokens``, ``finish_reason``, ``error``; times are
+    ``time.perf_counter() - t0``). A record that ends with no error but no output is failed.
+    """
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(trace), desc=label, unit="req", file=sys.stderr,
+               disable=not progress, dynamic_ncols=True)
+    records: list[dict[str, Any]] = [{} for _ in trace]
+    failed = 0
+    run_id = time.time_ns()
+    t0 = time.perf_counter()
+
+    async def send(i: int, r: TraceRequest) -> None:
+        nonlocal failed
+        rec = records[i] = new_record(i, r, f"bench-{run_id}-{i}", time.perf_counter() - t0)
+        try:
+            await one(rec, prompts[i], t0)
+        except Exception as e:  # noqa: BLE001 - recorded, never dropped
+            rec["error"] = rec["error"] or f"{type(e).__name__}: {e}"
+        if rec["error"] is None and rec["output_tokens"] == 0:
+            rec["error"] = "no output tokens"
+        if rec["error"] is not None:
+            failed += 1
+            bar.set_postfix(failed=failed, refresh=False)
+        bar.update(1)
+
+    tasks = []
+    try:
+        for i, r in enumerate(trace):
+            delay = t0 + r.arrival_s - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(send(i, r)))
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+        bar.close()
+    return records
 
 
 # ---- statistics ----------------------------------------------------------------------------
