@@ -36,6 +36,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--num-blocks", type=int, default=2048, help="KV pool size in blocks")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    p.add_argument("--linear-kernel", default="auto", choices=["auto", "blas", "onednn"],
+                   help="CPU matmul kernel of the linears (auto: the faster here, timed at load)")
     p.add_argument(
         "--max-context",
         type=int,
@@ -99,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             dtype=args.dtype,
             num_blocks=args.num_blocks,
             block_size=args.block_size,
+            linear_kernel=args.linear_kernel,
             max_context=args.max_context,
             kvstore=args.kvstore,
             kvstore_client_id=args.kvstore_client_id or f"{socket.gethostname()}:{os.getpid()}",

@@ -10,6 +10,7 @@ import torch
 from worker_svc.engine import Engine
 from worker_svc.kv_pool import KVPool, KVPoolConfig
 from worker_svc.model.config import ModelSpec, rope_tables
+from worker_svc.model.linear import KERNELS
 from worker_svc.model.llama import LlamaModel
 from worker_svc.swap import SwapEngine
 
@@ -30,10 +31,15 @@ class EngineConfig:
     kvstore: str | None = None
     # How this worker names itself to the store (its slots are accounted under this id).
     kvstore_client_id: str = "worker"
+    # CPU matmul kernel of the linears: "auto" times blas and onednn at load (linear.py).
+    linear_kernel: str = "auto"
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.linear_kernel not in KERNELS:
+            raise ValueError(f"linear_kernel must be one of {', '.join(KERNELS)}, got "
+                             f"{self.linear_kernel!r}")
         torch.device(self.device)  # raises on a malformed device string
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"device {self.device!r} requested but CUDA is not available")
@@ -70,7 +76,8 @@ def load_engine(cfg: EngineConfig) -> LoadedModel:
     max_positions = min(cfg.max_context or spec.max_position_embeddings,
                         spec.max_position_embeddings)
     cos, sin = rope_tables(hf.config, max_positions, device)
-    model = LlamaModel(spec, weights, cos, sin)
+    model = LlamaModel(spec, weights, cos, sin, linear_kernel=cfg.linear_kernel)
+    log.info("linears on the %s kernel", model.linear_kernel)
     hf_config = hf.config
     del hf, weights
     pool = KVPool(

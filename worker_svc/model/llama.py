@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from worker_svc.kv_pool import KVPool
 from worker_svc.model.config import ModelSpec
-from worker_svc.model.linear import Linear
+from worker_svc.model.linear import Linear, pick_kernel
 
 
 @dataclass
@@ -53,7 +53,7 @@ class LlamaModel:
     """Weights as plain tensors and a forward pass; no nn.Module bookkeeping on the hot path."""
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], cos: torch.Tensor,
-                 sin: torch.Tensor):
+                 sin: torch.Tensor, linear_kernel: str = "auto"):
         self.spec = spec
         s = spec
         self.embed = weights["model.embed_tokens.weight"]
@@ -83,6 +83,10 @@ class LlamaModel:
                     "down": Linear(weights[p + "mlp.down_proj.weight"]),
                 }
             )
+        linears = [self.lm_head, *(v for layer in self.layers for v in layer.values()
+                                   if isinstance(v, Linear))]
+        # Timed on these very weights when "auto" (see linear.py).
+        self.linear_kernel = pick_kernel(linears, linear_kernel)
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # Same steps as transformers' LlamaRMSNorm: statistics in float32, cast back, scale.

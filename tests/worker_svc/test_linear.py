@@ -1,0 +1,67 @@
+"""The linears' two CPU kernels and the load-time choice between them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from worker_svc.model.linear import Linear, onednn_usable, pick_kernel
+
+
+def _case(out_features=48, in_features=32, bias=True):
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(out_features, in_features, generator=g)
+    b = torch.randn(out_features, generator=g) if bias else None
+    return w, b, torch.randn(5, in_features, generator=g)
+
+
+@pytest.mark.parametrize("kernel", ["blas", "onednn"])
+def test_each_kernel_computes_the_linear(kernel):
+    w, b, x = _case()
+    lin = Linear(w, b, kernel)
+    assert lin.kernel == (kernel if onednn_usable(w) else "blas")
+    torch.testing.assert_close(lin(x), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    assert lin(x[:0]).shape == (0, 48)
+
+
+def test_switching_layouts_keeps_the_weight_exactly():
+    w, b, x = _case(bias=False)
+    lin = Linear(w.clone(), b, "onednn")
+    lin.use("blas")
+    assert lin.kernel == "blas" and torch.equal(lin._weight, w)
+    torch.testing.assert_close(lin(x), F.linear(x, w))
+
+
+def test_auto_picks_one_kernel_for_every_linear():
+    cases = [_case(o, i) for o, i in ((48, 32), (32, 48), (64, 32))]
+    linears = [Linear(w, b) for w, b, _ in cases]
+    chosen = pick_kernel(linears, "auto")
+    assert chosen in ("blas", "onednn") or chosen.startswith("blas<")
+    assert {lin.kernel for lin in linears} == {chosen}
+    for lin, (w, b, x) in zip(linears, cases):
+        for rows in (1, 3, 40):  # whichever kernel the row count picks
+            xr = x.repeat(8, 1)[:rows]
+            torch.testing.assert_close(lin(xr), F.linear(xr, w, b), rtol=1e-5, atol=1e-5)
+    assert pick_kernel(linears, "blas") == "blas"
+    assert {lin.kernel for lin in linears} == {"blas"}
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
+def test_both_layouts_switch_at_the_row_count():
+    w, b, x = _case()
+    lin = Linear(w, b)
+    lin.use("onednn", 4)
+    assert lin.kernel == "blas<4" and lin._weight is not None and lin._packed is not None
+    for rows in (1, 3, 4, 5):
+        xr = x.repeat(2, 1)[:rows]
+        torch.testing.assert_close(lin(xr), F.linear(xr, w, b), rtol=1e-5, atol=1e-5)
+    lin.use("onednn")
+    assert lin.kernel == "onednn" and lin._weight is None
+
+
+def test_an_unknown_kernel_is_refused_by_name():
+    with pytest.raises(ValueError, match="linear kernel must be one of auto, blas, onednn"):
+        pick_kernel([Linear(torch.ones(2, 2))], "mkl")
+    with pytest.raises(ValueError, match="linear kernel must be blas or onednn"):
+        Linear(torch.ones(2, 2), kernel="fast")
