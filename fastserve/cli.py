@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks that print figures")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    from fastserve.bench import breakdown as bench_breakdown
     from fastserve.bench import compare as bench_compare
     from fastserve.bench import engine as bench_engine
     from fastserve.bench import overhead as bench_overhead
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_overhead.add_parser(bench_sub)
     bench_serve.add_parser(bench_sub)
     bench_compare.add_parser(bench_sub)
+    bench_breakdown.add_parser(bench_sub)
     from kvstore_svc import bench as bench_kvstore
 
     bench_kvstore.add_parser(bench_sub)

@@ -39,6 +39,14 @@ class IterationStats:
     compute_s: float  # the worker's own measurement
     round_trip_s: float  # Step written -> result read
     overhead_s: float  # previous result read -> this Step written (scheduler work)
+    num_decodes: int = 0  # jobs of the batch that computed exactly one token
+
+    @property
+    def kind(self) -> str:
+        """"decode" (every job one token), "prefill" (no one-token job) or "mixed"."""
+        if self.num_decodes == self.batch_size:
+            return "decode"
+        return "prefill" if self.num_decodes == 0 else "mixed"
 
 
 class WorkerLoop:
@@ -200,5 +208,6 @@ class WorkerLoop:
     def _report(self, plan: StepPlan, compute_s: float, round_trip_s: float,
                 overhead_s: float) -> None:
         if self.on_iteration is not None:
+            decodes = sum(1 for c in plan.commands if c.num_tokens == 1)
             self.on_iteration(IterationStats(len(plan.batch), plan.num_batched_tokens,
-                                             compute_s, round_trip_s, overhead_s))
+                                             compute_s, round_trip_s, overhead_s, decodes))

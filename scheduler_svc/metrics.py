@@ -83,6 +83,12 @@ class SchedulerMetrics(MetricsEndpoint):
             buckets=ITERATION_BUCKETS, registry=r)
         self.batch_size = Histogram("fastserve:iteration_batch_size", "Jobs in one iteration.",
                                     buckets=BATCH_SIZE_BUCKETS, registry=r)
+        # By kind: "prefill" (prompt tokens only), "decode" (one token per job) or "mixed".
+        self.kind_compute = Counter("fastserve:iteration_kind_compute_seconds",
+                                    "Worker compute time of iterations, by kind.", ["kind"],
+                                    registry=r)
+        self.kind_count = Counter("fastserve:iteration_kind", "Iterations run, by kind.",
+                                  ["kind"], registry=r)
         info = Gauge("fastserve:info", "Scheduler configuration (always 1).",
                      ["policy", "model"], registry=r)
         info.labels(policy=policy, model=model_name).set(1)
@@ -99,6 +105,9 @@ class SchedulerMetrics(MetricsEndpoint):
         # The worker's compute is inside the round trip; clamp clock jitter below zero.
         self.iteration_overhead.observe(max(0.0, it.overhead_s + it.round_trip_s - it.compute_s))
         self.batch_size.observe(it.batch_size)
+        kind = it.kind
+        self.kind_compute.labels(kind=kind).inc(it.compute_s)
+        self.kind_count.labels(kind=kind).inc()
 
     def observe_finished(self, job: Job) -> None:
         """Record one finished request (the servicer ``on_finish`` hook)."""

@@ -100,8 +100,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 class _Cluster:
     """One worker, kept across runs, and the scheduler of the current run."""
 
-    def __init__(self, args: argparse.Namespace, model: str, max_waiting: int):
+    def __init__(self, args: argparse.Namespace, model: str, max_waiting: int,
+                 metrics_port: int = -1):
         self.args, self.model, self.max_waiting = args, model, max_waiting
+        # The scheduler's Prometheus port (worker +1, store +2); -1 = none.
+        self.metrics_port = metrics_port
         self.worker: Any = None
         self.worker_address = ""
         self.scheduler: Any = None
@@ -112,7 +115,8 @@ class _Cluster:
         a = self.args
         return argparse.Namespace(
             model=self.model, device=a.device, dtype=a.dtype, kv_blocks=a.kv_blocks,
-            block_size=a.block_size, worker_port=0, metrics_port=-1, log_level="WARNING",
+            block_size=a.block_size, worker_port=0, metrics_port=self.metrics_port,
+            log_level="WARNING",
             host="127.0.0.1", port=0, policy=policy, max_batch_size=a.max_batch_size,
             max_waiting=self.max_waiting, kv_policy=kv_policy,
             kvstore_budget=a.kvstore_budget)
