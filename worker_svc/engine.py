@@ -384,4 +384,5 @@ class Engine:
             token_index=torch.tensor(rows, dtype=torch.long, device=self.device),
             block_tables=torch.tensor(tables, dtype=torch.long, device=self.device),
             mask=mask[:, None, None, :],
+            context_lens=ctx_t.view(-1),
         )

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from worker_svc.kv_pool import KVPool
 from worker_svc.model.config import ModelSpec
 from worker_svc.model.linear import Linear, pick_kernel
+from worker_svc.model.native import paged_decode_attention
 
 
 @dataclass
@@ -36,6 +37,7 @@ class DecodeGroup:
     token_index: torch.Tensor  # [B] int64, their rows in the packed batch
     block_tables: torch.Tensor  # [B, max_blocks] int64 (padded rows point at block 0)
     mask: torch.Tensor  # [B, 1, 1, max_blocks * block_size] bool, True = attend
+    context_lens: torch.Tensor  # [B] int64, cached tokens of each job, the new one included
 
 
 @dataclass
@@ -164,13 +166,18 @@ class LlamaModel:
                           d: DecodeGroup) -> torch.Tensor:
         """One query per job against its gathered blocks; returns ``[B, heads, head_dim]``.
 
-        Written as batched matmuls rather than SDPA: for a single query row, PyTorch's CPU
+        On the CPU in float32 this is the native kernel (native.py), which reads the blocks
+        in place. Otherwise it is written as batched matmuls rather than SDPA: for a single query row, PyTorch's CPU
         flash-attention kernel spends far more time in setup than in arithmetic. The matmuls
         run one KV head at a time on strided views of the gathered ``[B, L, kv_heads, d]``
         blocks, which BLAS reads in place; one matmul over all heads would first copy the
         whole gathered KV into a head-major layout (measured: a third of the attention time).
         """
         s = self.spec
+        native = paged_decode_attention(q, k_blocks, v_blocks, d.block_tables, d.context_lens,
+                                        s.sliding_window, self.scale)
+        if native is not None:
+            return native
         batch, max_blocks = d.block_tables.shape
         length = max_blocks * k_blocks.shape[1]
         group = s.num_heads // s.num_kv_heads
