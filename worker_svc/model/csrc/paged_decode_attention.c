@@ -17,67 +17,98 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <omp.h>
+
+/* Tokens ahead whose rows are fetched while this one is computed. */
+#define PREFETCH 4
+
+static inline void prefetch_row(const float *p, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 3);
+}
+
+/* One task: job b, KV heads [h0, h1). Scores for the task's (heads x group) query rows,
+ * then the softmax, then the values; each token's row of keys (and of values) for those
+ * heads is one contiguous read. */
+static void attend(const float *q, const float *k, const float *v, const int64_t *table,
+                   int64_t len, float *out, int64_t b, int64_t h0, int64_t h1, int64_t H,
+                   int64_t KVH, int64_t D, int64_t block_size, int64_t window, float scale,
+                   float *scores, float *acc) {
+    const int64_t group = H / KVH;
+    const int64_t rows = (h1 - h0) * group; /* query rows of this task */
+    const int64_t start = (window > 0 && len > window) ? len - window : 0;
+    const int64_t n = len - start;
+    const float *qt = q + (b * H + h0 * group) * D; /* rows are contiguous in q */
+    for (int64_t t = 0; t < n; t++) {
+        const int64_t pos = start + t;
+        const float *kp = k + ((table[pos / block_size] * block_size + pos % block_size) * KVH
+                               + h0) * D;
+        if (t + PREFETCH < n) {
+            const int64_t ahead = pos + PREFETCH;
+            prefetch_row(k + ((table[ahead / block_size] * block_size + ahead % block_size) * KVH
+                              + h0) * D, (h1 - h0) * D);
+        }
+        for (int64_t r = 0; r < rows; r++) {
+            const float *qr = qt + r * D;
+            const float *kr = kp + (r / group) * D;
+            float s = 0.0f;
+            for (int64_t d = 0; d < D; d++) s += qr[d] * kr[d];
+            scores[r * n + t] = s * scale;
+        }
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        float *sr = scores + r * n;
+        float m = -FLT_MAX; /* finite: built with -ffast-math */
+        for (int64_t t = 0; t < n; t++) m = sr[t] > m ? sr[t] : m;
+        float sum = 0.0f;
+        for (int64_t t = 0; t < n; t++) {
+            sr[t] = expf(sr[t] - m);
+            sum += sr[t];
+        }
+        const float inv = 1.0f / sum;
+        for (int64_t t = 0; t < n; t++) sr[t] *= inv;
+        for (int64_t d = 0; d < D; d++) acc[r * D + d] = 0.0f;
+    }
+    for (int64_t t = 0; t < n; t++) {
+        const int64_t pos = start + t;
+        const float *vp = v + ((table[pos / block_size] * block_size + pos % block_size) * KVH
+                               + h0) * D;
+        if (t + PREFETCH < n) {
+            const int64_t ahead = pos + PREFETCH;
+            prefetch_row(v + ((table[ahead / block_size] * block_size + ahead % block_size) * KVH
+                              + h0) * D, (h1 - h0) * D);
+        }
+        for (int64_t r = 0; r < rows; r++) {
+            const float p = scores[r * n + t];
+            const float *vr = vp + (r / group) * D;
+            float *ar = acc + r * D;
+            for (int64_t d = 0; d < D; d++) ar[d] += p * vr[d];
+        }
+    }
+    float *o = out + (b * H + h0 * group) * D;
+    for (int64_t i = 0; i < rows * D; i++) o[i] = acc[i];
+}
 
 void fs_paged_decode_attention(const float *q, const float *k, const float *v,
                                const int64_t *block_tables, const int64_t *context_lens,
                                float *out, int64_t B, int64_t H, int64_t KVH, int64_t D,
                                int64_t block_size, int64_t max_blocks, int64_t window,
                                float scale) {
-    const int64_t group = H / KVH;
-    int64_t max_len = 0;
+    int64_t max_len = 1;
     for (int64_t b = 0; b < B; b++)
         if (context_lens[b] > max_len) max_len = context_lens[b];
+    /* Whole jobs per task when there are enough of them for the threads (each token's keys
+     * of all heads read at once); else one task per (job, KV head). */
+    const int64_t split = B >= 2 * omp_get_max_threads() ? 1 : KVH;
+    const int64_t heads_per_task = KVH / split;
 #pragma omp parallel
     {
-        float *scores = (float *)malloc(sizeof(float) * (size_t)(group * (max_len > 0 ? max_len : 1)));
-        float *acc = (float *)malloc(sizeof(float) * (size_t)(group * D));
-#pragma omp for collapse(2) schedule(static)
-        for (int64_t b = 0; b < B; b++) {
-            for (int64_t h = 0; h < KVH; h++) {
-                const int64_t len = context_lens[b];
-                const int64_t start = (window > 0 && len > window) ? len - window : 0;
-                const int64_t n = len - start;
-                const int64_t *table = block_tables + b * max_blocks;
-                const float *qh = q + (b * H + h * group) * D;
-                for (int64_t t = 0; t < n; t++) {
-                    const int64_t pos = start + t;
-                    const float *kp = k + ((table[pos / block_size] * block_size
-                                            + pos % block_size) * KVH + h) * D;
-                    for (int64_t g = 0; g < group; g++) {
-                        const float *qg = qh + g * D;
-                        float s = 0.0f;
-                        for (int64_t d = 0; d < D; d++) s += qg[d] * kp[d];
-                        scores[g * n + t] = s * scale;
-                    }
-                }
-                for (int64_t g = 0; g < group; g++) {
-                    float *sg = scores + g * n;
-                    float m = -FLT_MAX;  /* finite: built with -ffast-math */
-                    for (int64_t t = 0; t < n; t++) m = sg[t] > m ? sg[t] : m;
-                    float sum = 0.0f;
-                    for (int64_t t = 0; t < n; t++) {
-                        sg[t] = expf(sg[t] - m);
-                        sum += sg[t];
-                    }
-                    const float inv = 1.0f / sum;
-                    for (int64_t t = 0; t < n; t++) sg[t] *= inv;
-                    for (int64_t d = 0; d < D; d++) acc[g * D + d] = 0.0f;
-                }
-                for (int64_t t = 0; t < n; t++) {
-                    const int64_t pos = start + t;
-                    const float *vp = v + ((table[pos / block_size] * block_size
-                                            + pos % block_size) * KVH + h) * D;
-                    for (int64_t g = 0; g < group; g++) {
-                        const float p = scores[g * n + t];
-                        float *ag = acc + g * D;
-                        for (int64_t d = 0; d < D; d++) ag[d] += p * vp[d];
-                    }
-                }
-                for (int64_t g = 0; g < group; g++) {
-                    float *o = out + (b * H + h * group + g) * D;
-                    for (int64_t d = 0; d < D; d++) o[d] = acc[g * D + d];
-                }
-            }
+        float *scores = (float *)malloc(sizeof(float) * (size_t)(H * max_len));
+        float *acc = (float *)malloc(sizeof(float) * (size_t)(H * D));
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < B * split; task++) {
+            const int64_t b = task / split, h0 = (task % split) * heads_per_task;
+            attend(q, k, v, block_tables + b * max_blocks, context_lens[b], out, b, h0,
+                   h0 + heads_per_task, H, KVH, D, block_size, window, scale, scores, acc);
         }
         free(scores);
         free(acc);
