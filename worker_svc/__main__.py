@@ -36,8 +36,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--num-blocks", type=int, default=2048, help="KV pool size in blocks")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
-    p.add_argument("--linear-kernel", default="auto", choices=["auto", "blas", "onednn"],
-                   help="CPU matmul kernel of the linears (auto: the faster here, timed at load)")
+    p.add_argument("--linear-kernel", default="auto",
+                   choices=["auto", "blas", "onednn", "tiled"],
+                   help="CPU matmul kernel of the linears (auto: the fastest here for each "
+                   "band of row counts, timed at load)")
     p.add_argument(
         "--max-context",
         type=int,

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from worker_svc.model.linear import Linear, onednn_usable, pick_kernel
+from worker_svc.model.linear import Linear, pick_kernel, usable_kernels
 
 
 def _case(out_features=48, in_features=32, bias=True):
@@ -16,20 +16,22 @@ def _case(out_features=48, in_features=32, bias=True):
     return w, b, torch.randn(5, in_features, generator=g)
 
 
-@pytest.mark.parametrize("kernel", ["blas", "onednn"])
+@pytest.mark.parametrize("kernel", ["blas", "onednn", "tiled"])
 def test_each_kernel_computes_the_linear(kernel):
     w, b, x = _case()
     lin = Linear(w, b, kernel)
-    assert lin.kernel == (kernel if onednn_usable(w) else "blas")
+    assert lin.kernel == (kernel if kernel in usable_kernels(w) else "blas")
     torch.testing.assert_close(lin(x), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
     assert lin(x[:0]).shape == (0, 48)
 
 
-def test_switching_layouts_keeps_the_weight_exactly():
+def test_the_tiled_layout_keeps_the_plain_weight_beside_it():
     w, b, x = _case(bias=False)
-    lin = Linear(w.clone(), b, "onednn")
+    lin = Linear(w.clone(), b, "tiled")
+    if "tiled" in usable_kernels(w):
+        assert set(lin._layouts) == {"blas", "tiled"}
     lin.use("blas")
-    assert lin.kernel == "blas" and torch.equal(lin._weight, w)
+    assert lin.kernel == "blas" and torch.equal(lin._layouts["blas"], w)
     torch.testing.assert_close(lin(x), F.linear(x, w))
 
 
@@ -37,7 +39,8 @@ def test_auto_picks_one_kernel_for_every_linear():
     cases = [_case(o, i) for o, i in ((48, 32), (32, 48), (64, 32))]
     linears = [Linear(w, b) for w, b, _ in cases]
     chosen = pick_kernel(linears, "auto")
-    assert chosen in ("blas", "onednn") or chosen.startswith("blas<")
+    assert set(chosen.replace(",", " ").replace("<=", " ").split()) <= {
+        "blas", "onednn", "tiled", *map(str, (1, 2, 4, 8, 16, 32, 128))}
     assert {lin.kernel for lin in linears} == {chosen}
     for lin, (w, b, x) in zip(linears, cases):
         for rows in (1, 3, 40):  # whichever kernel the row count picks
@@ -48,20 +51,23 @@ def test_auto_picks_one_kernel_for_every_linear():
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
-def test_both_layouts_switch_at_the_row_count():
+def test_a_plan_switches_kernels_by_row_count_and_keeps_only_its_layouts():
     w, b, x = _case()
     lin = Linear(w, b)
-    lin.use("onednn", 4)
-    assert lin.kernel == "blas<4" and lin._weight is not None and lin._packed is not None
-    for rows in (1, 3, 4, 5):
-        xr = x.repeat(2, 1)[:rows]
+    lin.use_plan([(2, "blas"), (8, "onednn"), (16, "onednn"), (32, "blas")])
+    assert lin.kernel == "blas<=2,onednn<=16,blas"
+    assert set(lin._layouts) == {"blas", "onednn"}
+    for rows in (1, 2, 3, 16, 17, 40):
+        xr = x.repeat(8, 1)[:rows]
         torch.testing.assert_close(lin(xr), F.linear(xr, w, b), rtol=1e-5, atol=1e-5)
     lin.use("onednn")
-    assert lin.kernel == "onednn" and lin._weight is None
+    assert lin.kernel == "onednn" and set(lin._layouts) == {"onednn"}
+    lin.use("blas")  # the plain weight comes back from oneDNN's layout exactly
+    assert torch.equal(lin._layouts["blas"], w)
 
 
 def test_an_unknown_kernel_is_refused_by_name():
     with pytest.raises(ValueError, match="linear kernel must be one of auto, blas, onednn"):
         pick_kernel([Linear(torch.ones(2, 2))], "mkl")
-    with pytest.raises(ValueError, match="linear kernel must be blas or onednn"):
+    with pytest.raises(ValueError, match="linear kernel must be one of blas, onednn, tiled"):
         Linear(torch.ones(2, 2), kernel="fast")

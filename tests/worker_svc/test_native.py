@@ -59,3 +59,16 @@ def test_loading_it_leaves_subnormal_floats_alone():
     tiny = np.float32(1e-40)
     assert tiny * np.float32(1.0) != 0.0
     assert torch.tensor(1e-40, dtype=torch.float32).item() != 0.0
+
+
+@pytest.mark.parametrize("rows", [1, 7, 8, 9, 17])
+@pytest.mark.parametrize("out_features,in_features", [(70, 33), (64, 576), (5, 8)])
+def test_the_tiled_linear_matches_f_linear(rows, out_features, in_features):
+    g = torch.Generator().manual_seed(rows + out_features)
+    w = torch.randn(out_features, in_features, generator=g)
+    b = torch.randn(out_features, generator=g)
+    x = torch.randn(rows, in_features, generator=g)
+    packed = native.small_gemm_pack(w)
+    for bias in (b, None):
+        torch.testing.assert_close(native.small_gemm(x, packed, out_features, bias),
+                                   torch.nn.functional.linear(x, w, bias), rtol=1e-5, atol=1e-4)

@@ -1,17 +1,20 @@
 """Linear layers with weights laid out once for the fastest kernel on this machine.
 
-Two CPU kernels compute the same float32 product:
+Three CPU kernels compute the same float32 product, each on its own layout of the weight:
 - ``blas``: ``F.linear`` on the plain weight (MKL or OpenBLAS sgemm);
-- ``onednn``: the weight reordered once into oneDNN's blocked layout and multiplied with
-  ``mkldnn._linear_pointwise`` (the kernel PyTorch's own compiler emits for frozen linears).
+- ``onednn``: the weight reordered into oneDNN's blocked layout, ``mkldnn._linear_pointwise``
+  (the kernel PyTorch's own compiler emits for frozen linears);
+- ``tiled``: the weight packed in column tiles and streamed once by the native decode-sized
+  kernel (csrc/small_gemm.c), 8 rows of input per weight load.
 
-Which is faster depends on the processor, its BLAS and the number of rows, not on the model:
-measured on the model's own 30 layers with weights cold in cache, oneDNN was about 2x faster
-than sgemm at every row count on an AMD EPYC (MKL takes a slow path there), while on an Intel
-Xeon sgemm was 1.4x faster at one row and oneDNN 1.2x faster at 8. So ``auto`` (the default)
-times both on the model's own weights when it loads (``pick_kernel``) and keeps one layout
-when one kernel wins everywhere, or both (twice the weight memory) with the row count from
-which oneDNN takes over. Off the CPU it is always ``F.linear``.
+Which is fastest depends on the processor, its BLAS and the number of rows, not on the model.
+Measured on the model's own 30 layers with weights cold in cache: on an AMD EPYC oneDNN was
+about 2x faster than sgemm at every row count (MKL takes a slow path there); on an Intel Xeon
+sgemm was fastest at 1-2 rows, the tiled kernel at 4-8 (25 ms against oneDNN's 32 ms and
+sgemm's 34 ms at 8 rows), and oneDNN and sgemm tied from 32 rows. So ``auto`` (the default)
+times every kernel on the model's own weights when it loads (``pick_kernel``) and gives each
+band of row counts its fastest kernel, keeping at most two layouts (so at most twice the
+weight memory). Off the CPU it is always ``F.linear``.
 """
 
 from __future__ import annotations
@@ -23,13 +26,16 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from worker_svc.model import native
+
 log = logging.getLogger(__name__)
 
-KERNELS = ("auto", "blas", "onednn")
-# Rows timed by `pick_kernel`: lone decodes, decode batches, prefill chunks.
+KERNELS = ("auto", "blas", "onednn", "tiled")
+# Row counts timed by `pick_kernel`; a count between two of them takes the larger one's kernel.
 TUNE_ROWS = (1, 2, 4, 8, 16, 32, 128)
 TUNE_REPEATS = 3
-NEVER = 1 << 62
+# A plan with a second layout must beat the best single layout by this share, per row count.
+SECOND_LAYOUT_GAIN = 0.02
 
 
 def onednn_usable(weight: torch.Tensor) -> bool:
@@ -40,90 +46,128 @@ def onednn_usable(weight: torch.Tensor) -> bool:
     )
 
 
+def usable_kernels(weight: torch.Tensor) -> list[str]:
+    """The kernels that can run ``weight`` here, ``blas`` first."""
+    out = ["blas"]
+    if onednn_usable(weight):
+        out.append("onednn")
+    if weight.device.type == "cpu" and weight.dtype == torch.float32 and native.library():
+        out.append("tiled")
+    return out
+
+
 class Linear:
-    """``y = x @ weight.T + bias`` for 2-D ``x``: ``F.linear`` below ``onednn_from_rows``
-    rows, oneDNN's packed weight from there on."""
+    """``y = x @ weight.T + bias`` for 2-D ``x``; the kernel is chosen by the row count."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  kernel: str = "blas"):
         self.out_features, self.in_features = weight.shape
         self.bias = bias
-        self._weight: torch.Tensor | None = weight
-        self._packed: torch.Tensor | None = None
-        self.onednn_from_rows = NEVER
+        self.dtype, self.device = weight.dtype, weight.device
+        self._layouts: dict[str, torch.Tensor] = {"blas": weight}
+        # (largest row count, kernel) bands in increasing order; the last covers the rest.
+        self._plan: list[tuple[int, str]] = [(1 << 62, "blas")]
         self.use(kernel)
 
     @property
     def kernel(self) -> str:
-        if self.onednn_from_rows >= NEVER:
-            return "blas"
-        return "onednn" if self.onednn_from_rows <= 1 else f"blas<{self.onednn_from_rows}"
+        """The plan, e.g. "blas", or "blas<=2,tiled<=8,onednn" for bands of row counts."""
+        parts = [f"{k}<={r}" for r, k in self._plan[:-1]] + [self._plan[-1][1]]
+        return ",".join(parts)
 
-    def use(self, kernel: str, onednn_from_rows: int | None = None) -> None:
-        """Lay the weight out for ``kernel`` ("blas" or "onednn"; "onednn" falls back to
-        "blas" where oneDNN cannot run), dropping the other layout; with
-        ``onednn_from_rows``, keep both and switch to oneDNN from that many rows."""
-        if kernel not in ("blas", "onednn"):
-            raise ValueError(f"linear kernel must be blas or onednn, got {kernel!r}")
-        if kernel == "blas" or not onednn_usable(self._weight_or_packed()):
-            if self._weight is None:
-                self._weight = self._packed.to_dense()
-            self._packed, self.onednn_from_rows = None, NEVER
-            return
-        if self._packed is None:
-            self._packed = self._weight.contiguous().to_mkldnn()
-        if onednn_from_rows is not None and onednn_from_rows > 1:
-            if self._weight is None:
-                self._weight = self._packed.to_dense()
-            self.onednn_from_rows = onednn_from_rows
-        else:
-            self._weight, self.onednn_from_rows = None, 1
+    def use(self, kernel: str) -> None:
+        """Run every row count on ``kernel`` (falling back to blas where it cannot run)."""
+        self.use_plan([(1 << 62, kernel)])
 
-    def _weight_or_packed(self) -> torch.Tensor:
-        return self._weight if self._weight is not None else self._packed
+    def use_plan(self, plan: Sequence[tuple[int, str]]) -> None:
+        """Bands of (largest row count, kernel); keeps exactly the layouts the plan uses."""
+        usable = usable_kernels(self._weight())
+        for _, k in plan:
+            if k not in KERNELS[1:]:
+                raise ValueError(f"linear kernel must be one of {', '.join(KERNELS[1:])}, "
+                                 f"got {k!r}")
+        merged: list[tuple[int, str]] = []
+        for rows, k in plan:
+            k = k if k in usable else "blas"
+            if merged and merged[-1][1] == k:
+                merged[-1] = (rows, k)
+            else:
+                merged.append((rows, k))
+        merged[-1] = (1 << 62, merged[-1][1])
+        weight = self._weight()
+        needed = {k for _, k in merged}
+        if "tiled" in needed:  # the tiled layout cannot give the plain weight back
+            needed.add("blas")
+        for k in needed - set(self._layouts):
+            self._layouts[k] = _lay_out(weight, k)
+        for k in set(self._layouts) - needed:
+            del self._layouts[k]
+        self._plan = merged
+
+    def _weight(self) -> torch.Tensor:
+        """The plain weight, from whichever layout is kept."""
+        if "blas" in self._layouts:
+            return self._layouts["blas"]
+        if "onednn" in self._layouts:
+            return self._layouts["onednn"].to_dense()
+        raise RuntimeError("no plain weight kept")  # use_plan keeps blas beside tiled
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] == 0:
+        rows = x.shape[0]
+        if rows == 0:
             return x.new_empty((0, self.out_features))
-        if x.shape[0] < self.onednn_from_rows:
-            return F.linear(x, self._weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(
-            x.contiguous(), self._packed, self.bias, "none", [], ""
-        )
+        kernel = next(k for r, k in self._plan if rows <= r)
+        w = self._layouts[kernel]
+        if kernel == "blas":
+            return F.linear(x, w, self.bias)
+        if kernel == "tiled":
+            return native.small_gemm(x, w, self.out_features, self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w, self.bias, "none", [], "")
+
+
+def _lay_out(weight: torch.Tensor, kernel: str) -> torch.Tensor:
+    if kernel == "onednn":
+        return weight.contiguous().to_mkldnn()
+    if kernel == "tiled":
+        return native.small_gemm_pack(weight)
+    return weight
 
 
 def pick_kernel(linears: Sequence[Linear], kernel: str = "auto") -> str:
-    """Set every linear to ``kernel``; for "auto", time blas and onednn on these very linears
-    (each at ``TUNE_ROWS`` rows, best of ``TUNE_REPEATS``) and split the row counts where the
-    summed time relative to the faster kernel at each size is least: blas below the split,
-    oneDNN from it (one layout when no split beats it by 2%). Returns the
-    choice as ``Linear.kernel`` names it ("blas", "onednn" or "blas<R")."""
+    """Set every linear to ``kernel``; for "auto", time each usable kernel on these very
+    linears at ``TUNE_ROWS`` rows (best of ``TUNE_REPEATS``) and give every band of row counts
+    its fastest kernel among the best set of at most two layouts (the tiled layout is always
+    kept beside the plain one, which it cannot give back). Returns ``Linear.kernel``'s name of
+    the plan."""
     if kernel not in KERNELS:
         raise ValueError(f"linear kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
+    if not linears:
+        return kernel
     if kernel != "auto":
         for lin in linears:
             lin.use(kernel)
-        return linears[0].kernel if linears else kernel
-    if not linears or not onednn_usable(linears[0]._weight_or_packed()):
+        return linears[0].kernel
+    candidates = usable_kernels(linears[0]._weight())
+    if len(candidates) == 1:
         return pick_kernel(linears, "blas")
-    blas, onednn = _time_all(linears, "blas"), _time_all(linears, "onednn")
-    best = [min(b, o) for b, o in zip(blas, onednn)]
-
-    def cost(split: int) -> float:  # blas for TUNE_ROWS[:split], onednn for the rest
-        return (sum(b / m for b, m in zip(blas[:split], best[:split]))
-                + sum(o / m for o, m in zip(onednn[split:], best[split:])))
-
-    n = len(TUNE_ROWS)
-    one_layout = min((n, 0), key=cost)  # all blas, all onednn
-    start = min(range(n + 1), key=cost)
-    if cost(start) > cost(one_layout) - 0.02 * n:
-        start = one_layout
-    log.info("linear time blas / onednn at %s rows: %s", "/".join(map(str, TUNE_ROWS)),
-             ", ".join(f"{b / o:.2f}" for b, o in zip(blas, onednn)))
-    if start == n:
-        return pick_kernel(linears, "blas")
+    times = {k: _time_all(linears, k) for k in candidates}
     for lin in linears:
-        lin.use("onednn", TUNE_ROWS[start])
+        lin.use("blas")
+    best = [min(times[k][i] for k in candidates) for i in range(len(TUNE_ROWS))]
+
+    def cost(kernels: Sequence[str]) -> float:
+        return sum(min(times[k][i] for k in kernels) / best[i] for i in range(len(TUNE_ROWS)))
+
+    singles = [(k,) for k in candidates if k != "tiled"]
+    pairs = [("blas", k) for k in candidates if k != "blas"]
+    one, chosen = min(singles, key=cost), min(pairs, key=cost)
+    if cost(chosen) > cost(one) - SECOND_LAYOUT_GAIN * len(TUNE_ROWS):
+        chosen = one
+    plan = [(rows, min(chosen, key=lambda k: times[k][i])) for i, rows in enumerate(TUNE_ROWS)]
+    log.info("linear time per kernel at %s rows: %s", "/".join(map(str, TUNE_ROWS)),
+             "; ".join(f"{k} " + "/".join(f"{t * 1e3:.1f}" for t in times[k]) for k in times))
+    for lin in linears:
+        lin.use_plan(plan)
     return linears[0].kernel
 
 
@@ -133,7 +177,7 @@ def _time_all(linears: Sequence[Linear], kernel: str) -> list[float]:
     ``TUNE_ROWS`` rows (weights mostly cold in cache, as in serving)."""
     for lin in linears:
         lin.use(kernel)
-    ref = linears[0]._weight_or_packed()
+    ref = linears[0]
     times = []
     for rows in TUNE_ROWS:
         xs = {n: torch.randn(rows, n, dtype=ref.dtype, device=ref.device)

@@ -2,8 +2,9 @@
 
 PyTorch has no paged-attention operator for the CPU, and the well-kept kernel libraries that
 do (vLLM's own, FlashInfer) are either CUDA-only or bound to their host framework's build. So
-the one kernel the engine needs, decode attention read in place from the paged pool, is a
-small C file built here with the system C compiler (``$CC``, default ``cc``) at first use and
+the two kernels the engine needs beyond PyTorch's, decode attention read in place from the
+paged pool and a linear for decode-sized row counts over a weight packed in column tiles
+(which the linears' load-time timing picks only where it wins), are small C files built here with the system C compiler (``$CC``, default ``cc``) at first use and
 cached under ``$FASTSERVE_CACHE_DIR/kernels`` by a hash of its source, flags and processor.
 It is linked against ``libgomp.so.1``, the OpenMP runtime PyTorch itself loads, so it runs on
 PyTorch's own thread team (a second OpenMP runtime would start a second team that fights the
@@ -30,7 +31,8 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = pathlib.Path(__file__).with_name("csrc") / "paged_decode_attention.c"
+SOURCES = [pathlib.Path(__file__).with_name("csrc") / name
+           for name in ("paged_decode_attention.c", "small_gemm.c")]
 # -ffast-math lets the compiler vectorize the dot products' reductions and call glibc's
 # vector expf; the kernel uses no infinities or NaNs. It is given to the compile step only:
 # linked with it, gcc adds crtfastmath.o, whose constructor flushes subnormals to zero in the
@@ -58,25 +60,32 @@ def _build() -> ctypes.CDLL:
     cc = os.environ.get("CC", "cc")
     if shutil.which(cc) is None:
         raise RuntimeError(f"no C compiler ({cc!r} not found)")
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([source, " ".join([cc, *CFLAGS, *LDFLAGS]).encode(),
+    key = hashlib.sha256(b"\0".join([*(src.read_bytes() for src in SOURCES),
+                                     " ".join([cc, *CFLAGS, *LDFLAGS]).encode(),
                                      _cpu_id().encode()])).hexdigest()[:16]
     out_dir = cache_dir() / "kernels"
     out_dir.mkdir(parents=True, exist_ok=True)
-    target = out_dir / f"paged_decode_attention-{key}.so"
+    target = out_dir / f"fastserve-kernels-{key}.so"
     if not target.exists():
         with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-            obj, built = pathlib.Path(tmp) / "kernel.o", pathlib.Path(tmp) / target.name
-            for cmd in ([cc, *CFLAGS, "-c", str(SOURCE), "-o", str(obj)],
-                        [cc, str(obj), *LDFLAGS, "-o", str(built)]):
+            objs = [str(pathlib.Path(tmp) / f"{src.stem}.o") for src in SOURCES]
+            built = pathlib.Path(tmp) / target.name
+            cmds = [[cc, *CFLAGS, "-c", str(src), "-o", obj] for src, obj in zip(SOURCES, objs)]
+            for cmd in [*cmds, [cc, *objs, *LDFLAGS, "-o", str(built)]]:
                 proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
                 if proc.returncode != 0:
                     raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[-500:]}")
             os.replace(built, target)  # atomic: concurrent builders agree on one file
     lib = ctypes.CDLL(str(target))
-    f = lib.fs_paged_decode_attention
-    f.restype = None
-    f.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 7 + [ctypes.c_float]
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    for name, restype, argtypes in (
+        ("fs_paged_decode_attention", None, [ptr] * 6 + [i64] * 7 + [ctypes.c_float]),
+        ("fs_small_gemm_packed_size", i64, [i64, i64]),
+        ("fs_small_gemm_pack", None, [ptr, ptr, i64, i64]),
+        ("fs_small_gemm", None, [ptr] * 4 + [i64] * 3 + [ptr]),
+    ):
+        f = getattr(lib, name)
+        f.restype, f.argtypes = restype, argtypes
     return lib
 
 
@@ -119,3 +128,32 @@ def paged_decode_attention(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: to
         lens.data_ptr(), out.data_ptr(), batch, heads, kv_heads, dim, block_size,
         tables.shape[1], window or 0, scale)
     return out
+
+
+def small_gemm_pack(weight: torch.Tensor) -> torch.Tensor | None:
+    """``weight`` [N, K] packed in column tiles for ``small_gemm``, or None when the kernel
+    does not apply (not float32 on the CPU, or not built)."""
+    if not (weight.device.type == "cpu" and weight.dtype == torch.float32):
+        return None
+    lib = library()
+    if lib is None:
+        return None
+    w = weight.contiguous()
+    n, k = w.shape
+    packed = torch.empty(lib.fs_small_gemm_packed_size(n, k), dtype=torch.float32)
+    lib.fs_small_gemm_pack(w.data_ptr(), packed.data_ptr(), n, k)
+    return packed
+
+
+def small_gemm(x: torch.Tensor, packed: torch.Tensor, out_features: int,
+               bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ weight.T + bias`` for a weight packed by ``small_gemm_pack``."""
+    lib = _lib
+    x = x.contiguous()
+    rows, k = x.shape
+    y = torch.empty((rows, out_features), dtype=torch.float32)
+    pad = torch.empty(8 * k, dtype=torch.float32)
+    b = bias.contiguous() if bias is not None else None
+    lib.fs_small_gemm(x.data_ptr(), packed.data_ptr(), b.data_ptr() if b is not None else None,
+                      y.data_ptr(), rows, out_features, k, pad.data_ptr())
+    return y
