@@ -71,3 +71,19 @@ def test_an_unknown_kernel_is_refused_by_name():
         pick_kernel([Linear(torch.ones(2, 2))], "mkl")
     with pytest.raises(ValueError, match="linear kernel must be one of blas, onednn, tiled"):
         Linear(torch.ones(2, 2), kernel="fast")
+
+
+def test_the_auto_plan_is_timed_once_per_machine_and_then_read_back(tmp_path, monkeypatch):
+    from worker_svc.model import linear
+
+    monkeypatch.setenv("FASTSERVE_CACHE_DIR", str(tmp_path))
+    cases = [_case(o, i) for o, i in ((48, 32), (32, 48))]
+    first = pick_kernel([Linear(w, b) for w, b, _ in cases], "auto")
+    if len(usable_kernels(cases[0][0])) > 1:
+        assert list((tmp_path / "kernels").glob("linear-plan-*.json"))
+
+    def no_timing(*args):
+        raise AssertionError("timed again")
+
+    monkeypatch.setattr(linear, "_time_all", no_timing)
+    assert pick_kernel([Linear(w, b) for w, b, _ in cases], "auto") == first

@@ -12,14 +12,19 @@ Measured on the model's own 30 layers with weights cold in cache: on an AMD EPYC
 about 2x faster than sgemm at every row count (MKL takes a slow path there); on an Intel Xeon
 sgemm was fastest at 1-2 rows, the tiled kernel at 4-8 (25 ms against oneDNN's 32 ms and
 sgemm's 34 ms at 8 rows), and oneDNN and sgemm tied from 32 rows. So ``auto`` (the default)
-times every kernel on the model's own weights when it loads (``pick_kernel``) and gives each
-band of row counts its fastest kernel, keeping at most two layouts (so at most twice the
+times every kernel on the model's own weights when it first loads on a machine
+(``pick_kernel``; the plan is cached by shapes, dtype, processor and torch version) and gives
+each band of row counts its fastest kernel, keeping at most two layouts (so at most twice the
 weight memory). Off the CPU it is always ``F.linear``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
+import pathlib
 import time
 from collections.abc import Sequence
 
@@ -150,6 +155,17 @@ def pick_kernel(linears: Sequence[Linear], kernel: str = "auto") -> str:
     candidates = usable_kernels(linears[0]._weight())
     if len(candidates) == 1:
         return pick_kernel(linears, "blas")
+    cache = _plan_path(linears, candidates)
+    plan = _load_plan(cache)
+    if plan is None:
+        plan = _time_plan(linears, candidates)
+        _save_plan(cache, plan)
+    for lin in linears:
+        lin.use_plan(plan)
+    return linears[0].kernel
+
+
+def _time_plan(linears: Sequence[Linear], candidates: Sequence[str]) -> list[tuple[int, str]]:
     times = {k: _time_all(linears, k) for k in candidates}
     for lin in linears:
         lin.use("blas")
@@ -164,11 +180,38 @@ def pick_kernel(linears: Sequence[Linear], kernel: str = "auto") -> str:
     if cost(chosen) > cost(one) - SECOND_LAYOUT_GAIN * len(TUNE_ROWS):
         chosen = one
     plan = [(rows, min(chosen, key=lambda k: times[k][i])) for i, rows in enumerate(TUNE_ROWS)]
-    log.info("linear time per kernel at %s rows: %s", "/".join(map(str, TUNE_ROWS)),
+    log.info("linear time (ms) per kernel at %s rows: %s", "/".join(map(str, TUNE_ROWS)),
              "; ".join(f"{k} " + "/".join(f"{t * 1e3:.1f}" for t in times[k]) for k in times))
-    for lin in linears:
-        lin.use_plan(plan)
-    return linears[0].kernel
+    return plan
+
+
+def _plan_path(linears: Sequence[Linear], candidates: Sequence[str]) -> pathlib.Path:
+    """Where the plan for these shapes on this machine is kept (timing takes seconds)."""
+    from fastserve.models import cache_dir
+
+    ident = json.dumps([[lin.out_features, lin.in_features] for lin in linears]
+                       + [str(linears[0].dtype), torch.__version__, list(candidates),
+                          native.cpu_id(), TUNE_ROWS])
+    key = hashlib.sha256(ident.encode()).hexdigest()[:16]
+    return cache_dir() / "kernels" / f"linear-plan-{key}.json"
+
+
+def _load_plan(path: pathlib.Path) -> list[tuple[int, str]] | None:
+    try:
+        plan = [(int(r), str(k)) for r, k in json.loads(path.read_text())]
+    except (OSError, ValueError, TypeError):
+        return None
+    return plan if plan and all(k in KERNELS[1:] for _, k in plan) else None
+
+
+def _save_plan(path: pathlib.Path, plan: list[tuple[int, str]]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(plan))
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("cannot cache the linear plan at %s: %s", path, e)
 
 
 @torch.inference_mode()

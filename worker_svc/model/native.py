@@ -45,7 +45,8 @@ _lib: ctypes.CDLL | None = None
 _tried = False
 
 
-def _cpu_id() -> str:
+def cpu_id() -> str:
+    """The processor, as far as compiled code and kernel timings depend on it."""
     try:
         text = pathlib.Path("/proc/cpuinfo").read_text()
         flags = next((ln for ln in text.splitlines() if ln.startswith(("flags", "Features"))), "")
@@ -62,7 +63,7 @@ def _build() -> ctypes.CDLL:
         raise RuntimeError(f"no C compiler ({cc!r} not found)")
     key = hashlib.sha256(b"\0".join([*(src.read_bytes() for src in SOURCES),
                                      " ".join([cc, *CFLAGS, *LDFLAGS]).encode(),
-                                     _cpu_id().encode()])).hexdigest()[:16]
+                                     cpu_id().encode()])).hexdigest()[:16]
     out_dir = cache_dir() / "kernels"
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / f"fastserve-kernels-{key}.so"
