@@ -26,6 +26,12 @@ static inline void prefetch_row(const float *p, int64_t n) {
     for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 3);
 }
 
+/* The row of KV head h0 of the token at position pos, in one layer's pool. */
+static inline const float *token_row(const float *base, const int64_t *table, int64_t pos,
+                                     int64_t block_size, int64_t KVH, int64_t h0, int64_t D) {
+    return base + ((table[pos / block_size] * block_size + pos % block_size) * KVH + h0) * D;
+}
+
 /* One task: job b, KV heads [h0, h1). Scores for the task's (heads x group) query rows,
  * then the softmax, then the values; each token's row of keys (and of values) for those
  * heads is one contiguous read. */
@@ -40,13 +46,10 @@ static void attend(const float *q, const float *k, const float *v, const int64_t
     const float *qt = q + (b * H + h0 * group) * D; /* rows are contiguous in q */
     for (int64_t t = 0; t < n; t++) {
         const int64_t pos = start + t;
-        const float *kp = k + ((table[pos / block_size] * block_size + pos % block_size) * KVH
-                               + h0) * D;
-        if (t + PREFETCH < n) {
-            const int64_t ahead = pos + PREFETCH;
-            prefetch_row(k + ((table[ahead / block_size] * block_size + ahead % block_size) * KVH
-                              + h0) * D, (h1 - h0) * D);
-        }
+        const float *kp = token_row(k, table, pos, block_size, KVH, h0, D);
+        if (t + PREFETCH < n)
+            prefetch_row(token_row(k, table, pos + PREFETCH, block_size, KVH, h0, D),
+                         (h1 - h0) * D);
         for (int64_t r = 0; r < rows; r++) {
             const float *qr = qt + r * D;
             const float *kr = kp + (r / group) * D;
@@ -70,13 +73,10 @@ static void attend(const float *q, const float *k, const float *v, const int64_t
     }
     for (int64_t t = 0; t < n; t++) {
         const int64_t pos = start + t;
-        const float *vp = v + ((table[pos / block_size] * block_size + pos % block_size) * KVH
-                               + h0) * D;
-        if (t + PREFETCH < n) {
-            const int64_t ahead = pos + PREFETCH;
-            prefetch_row(v + ((table[ahead / block_size] * block_size + ahead % block_size) * KVH
-                              + h0) * D, (h1 - h0) * D);
-        }
+        const float *vp = token_row(v, table, pos, block_size, KVH, h0, D);
+        if (t + PREFETCH < n)
+            prefetch_row(token_row(v, table, pos + PREFETCH, block_size, KVH, h0, D),
+                         (h1 - h0) * D);
         for (int64_t r = 0; r < rows; r++) {
             const float p = scores[r * n + t];
             const float *vr = vp + (r / group) * D;
