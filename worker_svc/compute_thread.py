@@ -19,6 +19,10 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
+class ComputeThreadClosed(RuntimeError):
+    """The compute thread is gone: closed, or the interpreter is exiting."""
+
+
 class ComputeThread:
     """Runs callables one at a time, in order, always on the same thread."""
 
@@ -27,8 +31,14 @@ class ComputeThread:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
 
     def run(self, fn: Callable[..., T], *args, **kwargs) -> T:
-        """``fn(*args, **kwargs)`` on the compute thread; blocks until it returns (or raises)."""
-        return self._executor.submit(fn, *args, **kwargs).result()
+        """``fn(*args, **kwargs)`` on the compute thread; blocks until it returns (or raises).
+        Raises ``ComputeThreadClosed`` once the thread is closed (also at interpreter exit,
+        when concurrent.futures shuts its executors down)."""
+        try:
+            future = self._executor.submit(fn, *args, **kwargs)
+        except RuntimeError as e:
+            raise ComputeThreadClosed(str(e)) from None
+        return future.result()
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)

@@ -23,7 +23,7 @@ from fastserve.proto import worker_pb2 as pb
 from fastserve.proto import worker_pb2_grpc
 from fastserve.serving import start_with_health
 from worker_svc import profiler, wire
-from worker_svc.compute_thread import ComputeThread
+from worker_svc.compute_thread import ComputeThread, ComputeThreadClosed
 from worker_svc.engine import ErrorCode, JobError, StepCommand, StepOutcome
 from worker_svc.loader import LoadedModel
 
@@ -147,7 +147,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         return out, self.engine.pool.num_used_blocks
 
     def _detach(self, peer: str, owned: set[int]) -> None:
-        self.compute.run(self._free_owned, peer, owned)
+        try:
+            self.compute.run(self._free_owned, peer, owned)
+        except ComputeThreadClosed:  # the process is exiting: its pool goes with it
+            log.info("scheduler detached: %s; worker exiting", peer)
 
     def _free_owned(self, peer: str, owned: set[int]) -> None:
         live = sorted(j for j in owned if j in self.engine.jobs)

@@ -99,8 +99,11 @@ async def replay_openai_async(url: str, trace: Sequence[TraceRequest],
                               desc: str | None = None) -> dict[str, Any]:
     """``serve.replay_async`` against an OpenAI-compatible server; same return shape, with
     ``policy`` = ``name`` and ``status`` = the server's address and model."""
+    import logging
+
     import httpx
 
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
     if len(prompts) != len(trace):
         raise ValueError(f"{len(trace)} requests but {len(prompts)} prompts")
     root = base_url(url)
