@@ -43,7 +43,10 @@ class IterationStats:
 
     @property
     def kind(self) -> str:
-        """"decode" (every job one token), "prefill" (no one-token job) or "mixed"."""
+        """"decode" (every job one token), "prefill" (no one-token job), "mixed", or "other"
+        (no job computed: frees and swaps only)."""
+        if self.batch_size == 0:
+            return "other"
         if self.num_decodes == self.batch_size:
             return "decode"
         return "prefill" if self.num_decodes == 0 else "mixed"

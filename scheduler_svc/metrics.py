@@ -83,7 +83,8 @@ class SchedulerMetrics(MetricsEndpoint):
             buckets=ITERATION_BUCKETS, registry=r)
         self.batch_size = Histogram("fastserve:iteration_batch_size", "Jobs in one iteration.",
                                     buckets=BATCH_SIZE_BUCKETS, registry=r)
-        # By kind: "prefill" (prompt tokens only), "decode" (one token per job) or "mixed".
+        # By kind: "prefill" (prompt tokens only), "decode" (one token per job), "mixed", or
+        # "other" (no job computed: frees and swaps only).
         self.kind_compute = Counter("fastserve:iteration_kind_compute_seconds",
                                     "Worker compute time of iterations, by kind.", ["kind"],
                                     registry=r)

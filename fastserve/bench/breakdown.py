@@ -6,7 +6,7 @@ token ids and ``--output-tokens`` outputs (ignore_eos, greedy), after one warm-u
 prints, side by side:
 - what the client saw: JCT, TTFT and the time between tokens (ITL), means over the requests;
 - the worker's compute by kind of iteration (prefill only, mixed prefill and decodes, decode
-  only), from the scheduler's per-kind counters;
+  only, other: frees and swaps with no job computed), from the scheduler's per-kind counters;
 - the time of each iteration outside the worker's compute (planning, wire, the Step round
   trip), from the scheduler's own histogram;
 - the wall time no iteration covered (admission, streaming to the client after the last
@@ -28,7 +28,7 @@ from typing import Any
 from fastserve.bench import serve as bench_serve
 from fastserve.traces import TraceRequest
 
-KINDS = ("prefill", "mixed", "decode")
+KINDS = ("prefill", "mixed", "decode", "other")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
