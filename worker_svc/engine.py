@@ -329,7 +329,7 @@ class Engine:
             positions=torch.tensor(positions, dtype=torch.long, device=dev),
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
             prefills=prefills,
-            decode=self._decode_group(decode_rows, decode_jobs, window),
+            decode=self._decode_group(decode_rows, decode_jobs),
             logits_index=torch.tensor(sample_rows, dtype=torch.long, device=dev),
         )
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
@@ -366,8 +366,7 @@ class Engine:
                 mask &= k_pos > q_pos - window
         return PrefillSegment(start, n, ctx, table, mask)
 
-    def _decode_group(self, rows: list[int], jobs: list[_Job], window: int | None
-                      ) -> DecodeGroup | None:
+    def _decode_group(self, rows: list[int], jobs: list[_Job]) -> DecodeGroup | None:
         if not rows:
             return None
         bs = self.pool.block_size
@@ -375,14 +374,8 @@ class Engine:
         max_blocks = max(math.ceil(c / bs) for c in ctx)
         tables = [j.block_ids[:max_blocks] + [0] * (max_blocks - len(j.block_ids[:max_blocks]))
                   for j in jobs]
-        ctx_t = torch.tensor(ctx, device=self.device)[:, None]
-        k_pos = torch.arange(max_blocks * bs, device=self.device)[None, :]
-        mask = k_pos < ctx_t
-        if window is not None:
-            mask &= k_pos > ctx_t - 1 - window
         return DecodeGroup(
             token_index=torch.tensor(rows, dtype=torch.long, device=self.device),
             block_tables=torch.tensor(tables, dtype=torch.long, device=self.device),
-            mask=mask[:, None, None, :],
-            context_lens=ctx_t.view(-1),
+            context_lens=torch.tensor(ctx, dtype=torch.long, device=self.device),
         )

@@ -86,7 +86,8 @@ class Linear:
 
     def use_plan(self, plan: Sequence[tuple[int, str]]) -> None:
         """Bands of (largest row count, kernel); keeps exactly the layouts the plan uses."""
-        usable = usable_kernels(self._weight())
+        weight = self._weight()
+        usable = usable_kernels(weight)
         for _, k in plan:
             if k not in KERNELS[1:]:
                 raise ValueError(f"linear kernel must be one of {', '.join(KERNELS[1:])}, "
@@ -99,7 +100,6 @@ class Linear:
             else:
                 merged.append((rows, k))
         merged[-1] = (1 << 62, merged[-1][1])
-        weight = self._weight()
         needed = {k for _, k in merged}
         if "tiled" in needed:  # the tiled layout cannot give the plain weight back
             needed.add("blas")

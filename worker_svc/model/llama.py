@@ -36,7 +36,6 @@ class DecodeGroup:
 
     token_index: torch.Tensor  # [B] int64, their rows in the packed batch
     block_tables: torch.Tensor  # [B, max_blocks] int64 (padded rows point at block 0)
-    mask: torch.Tensor  # [B, 1, 1, max_blocks * block_size] bool, True = attend
     context_lens: torch.Tensor  # [B] int64, cached tokens of each job, the new one included
 
 
@@ -189,7 +188,12 @@ class LlamaModel:
         ks = k_blocks.index_select(0, flat).view(batch, length, s.num_kv_heads, s.head_dim)
         vs = v_blocks.index_select(0, flat).view(batch, length, s.num_kv_heads, s.head_dim)
         qg = q.view(batch, s.num_kv_heads, group, s.head_dim)
-        masked_out = ~d.mask.view(batch, 1, length)
+        k_pos = torch.arange(length, device=q.device)[None, :]
+        ctx = d.context_lens[:, None]
+        masked_out = k_pos >= ctx  # [B, L]: past each job's tokens, or before its window
+        if s.sliding_window is not None:
+            masked_out |= k_pos <= ctx - 1 - s.sliding_window
+        masked_out = masked_out.view(batch, 1, length)
         out = q.new_empty((s.num_kv_heads, batch, group, s.head_dim))
         for h in range(s.num_kv_heads):
             scores = torch.bmm(qg[:, h], ks[:, :, h].transpose(1, 2))  # [B, group, L]

@@ -4,9 +4,10 @@ PyTorch has no paged-attention operator for the CPU, and the well-kept kernel li
 do (vLLM's own, FlashInfer) are either CUDA-only or bound to their host framework's build. So
 the two kernels the engine needs beyond PyTorch's, decode attention read in place from the
 paged pool and a linear for decode-sized row counts over a weight packed in column tiles
-(which the linears' load-time timing picks only where it wins), are small C files built here with the system C compiler (``$CC``, default ``cc``) at first use and
-cached under ``$FASTSERVE_CACHE_DIR/kernels`` by a hash of its source, flags and processor.
-It is linked against ``libgomp.so.1``, the OpenMP runtime PyTorch itself loads, so it runs on
+(which the linears' load-time timing picks only where it wins), are small C files built here
+with the system C compiler (``$CC``, default ``cc``) at first use and cached under
+``$FASTSERVE_CACHE_DIR/kernels`` by a hash of their sources, flags and processor. The library
+is linked against ``libgomp.so.1``, the OpenMP runtime PyTorch itself loads, so it runs on
 PyTorch's own thread team (a second OpenMP runtime would start a second team that fights the
 first for the cores; see worker_svc/compute_thread.py).
 
