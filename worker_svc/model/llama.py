@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from worker_svc.kv_pool import KVPool
 from worker_svc.model.config import ModelSpec
 from worker_svc.model.linear import Linear, pick_kernel
-from worker_svc.model.native import paged_decode_attention
+from worker_svc.model import native
 
 
 @dataclass
@@ -60,8 +60,8 @@ class LlamaModel:
         self.embed = weights["model.embed_tokens.weight"]
         self.lm_head = Linear(self.embed if s.tie_word_embeddings else weights["lm_head.weight"])
         self.final_norm = weights["model.norm.weight"]
-        self.cos = cos.to(self.embed.dtype)
-        self.sin = sin.to(self.embed.dtype)
+        self.cos = cos.to(self.embed.dtype).contiguous()
+        self.sin = sin.to(self.embed.dtype).contiguous()
         self.scale = s.head_dim ** -0.5
         self.layers = []
         for i in range(s.num_layers):
@@ -108,27 +108,48 @@ class LlamaModel:
         s = self.spec
         num_tokens = input_ids.shape[0]
         x = F.embedding(input_ids, self.embed)  # [T, hidden]
-        cos = self.cos[meta.positions].unsqueeze(1)  # [T, 1, head_dim]
-        sin = self.sin[meta.positions].unsqueeze(1)
         q_size = s.num_heads * s.head_dim
         kv_size = s.num_kv_heads * s.head_dim
         qk_heads = s.num_heads + s.num_kv_heads
+        # The fused native kernels (native.py) where they run; the positions are checked
+        # here once, as the table lookup of the PyTorch path would.
+        fused = (native.fused_usable(x) and num_tokens > 0 and self.cos.is_contiguous()
+                 and int(meta.positions.max()) < self.cos.shape[0])
+        eps = s.rms_norm_eps
+        pending = None  # the last MLP's output, added to x by the next norm
         for i, layer in enumerate(self.layers):
-            h = self._rms_norm(x, layer["in_norm"])
+            if fused:
+                h = native.add_rms_norm(x, pending, layer["in_norm"], eps)
+            else:
+                if pending is not None:
+                    x.add_(pending)  # x is this pass's own tensor: residuals add in place
+                h = self._rms_norm(x, layer["in_norm"])
             qkv = layer["qkv"](h)
             # RoPE on the query and key heads at once: they are adjacent in the fused output.
-            qk = self._rope(qkv[:, : q_size + kv_size].view(num_tokens, qk_heads, s.head_dim),
-                            cos, sin)
+            if fused:
+                native.rope_(qkv, qk_heads, s.head_dim, self.cos, self.sin, meta.positions)
+                qk = qkv[:, : q_size + kv_size].view(num_tokens, qk_heads, s.head_dim)
+            else:
+                cos = self.cos[meta.positions].unsqueeze(1)  # [T, 1, head_dim]
+                sin = self.sin[meta.positions].unsqueeze(1)
+                qk = self._rope(qkv[:, : q_size + kv_size].view(num_tokens, qk_heads,
+                                                                  s.head_dim), cos, sin)
             q, k = qk[:, : s.num_heads], qk[:, s.num_heads :]
             v = qkv[:, q_size + kv_size :].view(num_tokens, s.num_kv_heads, s.head_dim)
             k_slots, v_slots = pool.layer_slots(i)
             k_slots.index_copy_(0, meta.slot_mapping, k)
             v_slots.index_copy_(0, meta.slot_mapping, v)
             attn = self._attention(i, q, k, v, meta, pool)  # [T, heads * head_dim]
-            x.add_(layer["o"](attn))  # x is this pass's own tensor: residuals add in place
-            h = self._rms_norm(x, layer["post_norm"])
-            gate, up = layer["gate_up"](h).chunk(2, dim=-1)
-            x.add_(layer["down"](F.silu(gate) * up))
+            if fused:
+                h = native.add_rms_norm(x, layer["o"](attn), layer["post_norm"], eps)
+                pending = layer["down"](native.silu_mul(layer["gate_up"](h)))
+            else:
+                x.add_(layer["o"](attn))
+                h = self._rms_norm(x, layer["post_norm"])
+                gate, up = layer["gate_up"](h).chunk(2, dim=-1)
+                pending = layer["down"](F.silu(gate) * up)
+        if pending is not None:
+            x.add_(pending)
         if meta.logits_index is None or meta.logits_index.numel() == 0:
             return torch.empty((0, s.vocab_size), dtype=torch.float32, device=x.device)
         x = self._rms_norm(x[meta.logits_index], self.final_norm)
@@ -177,10 +198,10 @@ class LlamaModel:
         whole gathered KV into a head-major layout (measured: a third of the attention time).
         """
         s = self.spec
-        native = paged_decode_attention(q, k_blocks, v_blocks, d.block_tables, d.context_lens,
-                                        s.sliding_window, self.scale)
-        if native is not None:
-            return native
+        out = native.paged_decode_attention(q, k_blocks, v_blocks, d.block_tables,
+                                            d.context_lens, s.sliding_window, self.scale)
+        if out is not None:
+            return out
         batch, max_blocks = d.block_tables.shape
         length = max_blocks * k_blocks.shape[1]
         group = s.num_heads // s.num_kv_heads

@@ -2,9 +2,10 @@
 
 PyTorch has no paged-attention operator for the CPU, and the well-kept kernel libraries that
 do (vLLM's own, FlashInfer) are either CUDA-only or bound to their host framework's build. So
-the two kernels the engine needs beyond PyTorch's, decode attention read in place from the
-paged pool and a linear for decode-sized row counts over a weight packed in column tiles
-(which the linears' load-time timing picks only where it wins), are small C files built here
+the kernels the engine needs beyond PyTorch's, decode attention read in place from the
+paged pool, a linear for decode-sized row counts over a weight packed in column tiles
+(which the linears' load-time timing picks only where it wins) and the decoder's elementwise
+steps fused (RMSNorm with its residual add, SiLU-and-multiply, RoPE), are small C files built here
 with the system C compiler (``$CC``, default ``cc``) at first use and cached under
 ``$FASTSERVE_CACHE_DIR/kernels`` by a hash of their sources, flags and processor. The library
 is linked against ``libgomp.so.1``, the OpenMP runtime PyTorch itself loads, so it runs on
@@ -33,7 +34,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCES = [pathlib.Path(__file__).with_name("csrc") / name
-           for name in ("paged_decode_attention.c", "small_gemm.c")]
+           for name in ("paged_decode_attention.c", "small_gemm.c", "fused_elementwise.c")]
 # -ffast-math lets the compiler vectorize the dot products' reductions and call glibc's
 # vector expf; the kernel uses no infinities or NaNs. It is given to the compile step only:
 # linked with it, gcc adds crtfastmath.o, whose constructor flushes subnormals to zero in the
@@ -85,6 +86,9 @@ def _build() -> ctypes.CDLL:
         ("fs_small_gemm_packed_size", i64, [i64, i64]),
         ("fs_small_gemm_pack", None, [ptr, ptr, i64, i64]),
         ("fs_small_gemm", None, [ptr] * 4 + [i64] * 3 + [ptr]),
+        ("fs_add_rms_norm", None, [ptr] * 4 + [i64] * 2 + [ctypes.c_float]),
+        ("fs_silu_mul", None, [ptr] * 2 + [i64] * 2),
+        ("fs_rope", None, [ptr, i64, ptr, ptr, ptr, i64, i64, i64]),
     ):
         f = getattr(lib, name)
         f.restype, f.argtypes = restype, argtypes
@@ -159,3 +163,40 @@ def small_gemm(x: torch.Tensor, packed: torch.Tensor, out_features: int,
     lib.fs_small_gemm(x.data_ptr(), packed.data_ptr(), b.data_ptr() if b is not None else None,
                       y.data_ptr(), rows, out_features, k, pad.data_ptr())
     return y
+
+
+def fused_usable(x: torch.Tensor) -> bool:
+    """Whether the fused elementwise kernels below can run on ``x``: float32 on the CPU,
+    contiguous, and the library built."""
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous()
+            and library() is not None)
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                 eps: float) -> torch.Tensor:
+    """``x += delta`` in place (when given), then RMSNorm of ``x`` [T, D] scaled by
+    ``weight``; the caller has checked ``fused_usable(x)``."""
+    rows, dim = x.shape
+    out = torch.empty_like(x)
+    d = delta.contiguous() if delta is not None else None
+    w = weight.contiguous()
+    _lib.fs_add_rms_norm(x.data_ptr(), d.data_ptr() if d is not None else None, w.data_ptr(),
+                         out.data_ptr(), rows, dim, eps)
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` for ``gate_up`` [T, 2I] holding gate then up; returns [T, I]."""
+    rows, width = gate_up.shape
+    out = gate_up.new_empty((rows, width // 2))
+    _lib.fs_silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, width // 2)
+    return out
+
+
+def rope_(x: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor,
+          positions: torch.Tensor) -> None:
+    """Rotary embedding in place on the first ``heads`` heads of each row of ``x`` [T, W]
+    (row-contiguous), from the ``[max_positions, head_dim]`` tables at ``positions``."""
+    pos = positions.to(torch.int64).contiguous()
+    _lib.fs_rope(x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(), pos.data_ptr(),
+                 x.shape[0], heads, head_dim)
