@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     from fastserve.bench import breakdown as bench_breakdown
     from fastserve.bench import compare as bench_compare
     from fastserve.bench import engine as bench_engine
+    from fastserve.bench import kvstore as bench_kvstore
     from fastserve.bench import overhead as bench_overhead
     from fastserve.bench import serve as bench_serve
 
@@ -49,8 +50,6 @@ def build_parser() -> argparse.ArgumentParser:
     bench_serve.add_parser(bench_sub)
     bench_compare.add_parser(bench_sub)
     bench_breakdown.add_parser(bench_sub)
-    from kvstore_svc import bench as bench_kvstore
-
     bench_kvstore.add_parser(bench_sub)
     return parser
 

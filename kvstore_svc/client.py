@@ -35,7 +35,7 @@ from fastserve.proto import kvstore_pb2 as pb
 from fastserve.proto import kvstore_pb2_grpc
 from kvstore_svc import shm, transfer
 from kvstore_svc.errors import ChecksumMismatch, KVStoreError, StoreFull, StoreUnavailable
-from kvstore_svc.server import CHANNEL_OPTIONS, ERROR_KEY, LEASE_UNKNOWN
+from kvstore_svc.protocol import CHANNEL_OPTIONS, ERROR_KEY, LEASE_UNKNOWN
 
 if TYPE_CHECKING:
     from typing_extensions import Self

@@ -23,22 +23,11 @@ from fastserve.proto import kvstore_pb2_grpc
 from fastserve.serving import start_with_health
 from kvstore_svc.metrics import StoreMetrics
 from kvstore_svc.pool import BlockPool, ErrorCode, PoolError
+from kvstore_svc.protocol import CHANNEL_OPTIONS, CHUNK_BYTES, ERROR_KEY, LEASE_UNKNOWN
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["KVStore"].full_name
-# Data moves in chunks of at most this size, well under the message limit below (set
-# explicitly on both ends, since gRPC's default receive limit is 4 MiB).
-CHUNK_BYTES = 1 << 20
-MAX_MESSAGE_BYTES = 8 << 20
-CHANNEL_OPTIONS = [
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-]
-# Trailing metadata on the NOT_FOUND that tells a client its lease is gone (register again),
-# as opposed to a handle it does not hold.
-ERROR_KEY = "fastserve-kvstore-error"
-LEASE_UNKNOWN = "lease-unknown"
 
 
 def _abort(context: grpc.ServicerContext, e: PoolError) -> NoReturn:

@@ -1,6 +1,6 @@
 """Trace replay against an OpenAI-compatible HTTP server (vLLM, SGLang, llama.cpp, TGI).
 
-The same replay as the gRPC one (``serve.drive``: same arrival times, same synthesized prompts,
+The same replay as the gRPC one (``replay.drive``: same arrival times, same synthesized prompts,
 same records and summary), sent as ``POST /v1/completions`` with the prompt as a list of token
 ids, ``max_tokens`` = the trace's output length, ``ignore_eos``, temperature 0, streamed
 (server-sent events) with ``stream_options.include_usage`` so the server's own token count
@@ -15,7 +15,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from fastserve.bench.serve import STATUS_TIMEOUT_S, WARMUP_MAX_TOKENS, _warn, drive, warmup_prompts
+from fastserve.bench.replay import STATUS_TIMEOUT_S, WARMUP_MAX_TOKENS, drive, warmup_prompts
+from fastserve.bench.replay import warn as _warn
 from fastserve.traces import TraceRequest
 
 

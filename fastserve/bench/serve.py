@@ -23,17 +23,21 @@ import json
 import math
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from fastserve.bench.replay import (
+    PROMPT_TOKEN_RANGE,
+    STATUS_TIMEOUT_S,
+    WARMUP_MAX_TOKENS,
+    drive,
+    warmup_prompts,
+)
+from fastserve.bench.replay import warn as _warn
 from fastserve.traces import ARRIVALS, TraceRequest, describe, load_trace
 
-PROMPT_TOKEN_RANGE = (1000, 30000)
-WARMUP_PROMPT_TOKENS = 16
-WARMUP_MAX_TOKENS = 4
-STATUS_TIMEOUT_S = 30.0
 # The keys every summary has, in the order tables print them.
 SUMMARY_KEYS = (
     "policy", "rate", "num_requests", "num_completed", "num_failed",
@@ -171,7 +175,7 @@ async def replay_async(address: str, trace: Sequence[TraceRequest],
                        desc: str | None = None) -> dict[str, Any]:
     """Send each request at its arrival time; returns ``{"policy", "status", "requests"}``.
 
-    Each request record (``new_record``): index, request_id, arrival, sent, first_token,
+    Each request record (``replay.new_record``): index, request_id, arrival, sent, first_token,
     finish (s from the start; None when it never happened), input_tokens, max_tokens,
     output_tokens (received), finish_reason, error (None when it completed), and the server's
     own usage timings. Raises ``ConnectionError`` when the scheduler cannot be reached at the
@@ -245,72 +249,6 @@ async def replay_async(address: str, trace: Sequence[TraceRequest],
         except grpc.aio.AioRpcError as e:
             _warn(f"Status after the run failed: {e.code().name}: {e.details()}")
     return {"policy": status.policy, "status": _to_dict(status), "requests": records}
-
-
-def warmup_prompts(n: int) -> list[list[int]]:
-    """The untimed warm-up prompts: the same short token ids for every backend."""
-    return [np.random.default_rng([0xFFFFFFFF, i]).integers(
-        *PROMPT_TOKEN_RANGE, size=WARMUP_PROMPT_TOKENS).tolist() for i in range(n)]
-
-
-def new_record(i: int, r: TraceRequest, request_id: str, sent: float) -> dict[str, Any]:
-    """A request's record before it is sent: what the trace asks, nothing received yet."""
-    return {
-        "index": i, "request_id": request_id, "arrival": r.arrival_s, "sent": sent,
-        "first_token": None, "finish": None, "input_tokens": r.input_tokens,
-        "max_tokens": r.output_tokens, "output_tokens": 0, "finish_reason": None,
-        "error": None, "server_queue_time_s": None, "server_ttft_s": None,
-        "server_total_time_s": None,
-    }
-
-
-SendOne = Callable[[dict[str, Any], Sequence[int], float], Awaitable[None]]
-
-
-async def drive(trace: Sequence[TraceRequest], prompts: Sequence[Sequence[int]], one: SendOne,
-                *, label: str, progress: bool = True) -> list[dict[str, Any]]:
-    """The replay shared by every backend: each request on its own task at its arrival time.
-
-    ``one(record, prompt, t0)`` sends one request and fills its record (``first_token``,
-    ``finish``, ``output_tokens``, ``finish_reason``, ``error``; times are
-    ``time.perf_counter() - t0``). A record that ends with no error but no output is failed.
-    """
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=len(trace), desc=label, unit="req", file=sys.stderr,
-               disable=not progress, dynamic_ncols=True)
-    records: list[dict[str, Any]] = [{} for _ in trace]
-    failed = 0
-    run_id = time.time_ns()
-    t0 = time.perf_counter()
-
-    async def send(i: int, r: TraceRequest) -> None:
-        nonlocal failed
-        rec = records[i] = new_record(i, r, f"bench-{run_id}-{i}", time.perf_counter() - t0)
-        try:
-            await one(rec, prompts[i], t0)
-        except Exception as e:  # noqa: BLE001 - recorded, never dropped
-            rec["error"] = rec["error"] or f"{type(e).__name__}: {e}"
-        if rec["error"] is None and rec["output_tokens"] == 0:
-            rec["error"] = "no output tokens"
-        if rec["error"] is not None:
-            failed += 1
-            bar.set_postfix(failed=failed, refresh=False)
-        bar.update(1)
-
-    tasks = []
-    try:
-        for i, r in enumerate(trace):
-            delay = t0 + r.arrival_s - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(send(i, r)))
-        await asyncio.gather(*tasks)
-    finally:
-        for t in tasks:
-            t.cancel()
-        bar.close()
-    return records
 
 
 # ---- statistics ----------------------------------------------------------------------------
@@ -461,9 +399,3 @@ def write_json(path: str, obj: Any) -> None:
     with open(path, "w") as f:
         json.dump(obj, f, indent=2)
         f.write("\n")
-
-
-def _warn(msg: str) -> None:
-    from tqdm.auto import tqdm
-
-    tqdm.write(f"warning: {msg}", file=sys.stderr)
