@@ -21,6 +21,8 @@ import sys
 import threading
 import time
 
+from scheduler_svc.config_args import add_config_args, config_argv, config_from_args
+
 KVSTORE_READY = "kvstore listening on "
 WORKER_READY = "worker listening on "
 SCHEDULER_READY = "scheduler listening on "
@@ -63,9 +65,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("serve", help="run a worker and a scheduler here until Ctrl-C")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"model (default {DEFAULT_MODEL})")
-    p.add_argument("--policy", default="fcfs",
-                   help="scheduling policy: skip-join-mlfq, fcfs, rtc, mlfq, fixed-priority, "
-                        "srpt-oracle")
     p.add_argument("--host", default="127.0.0.1", help="address the scheduler listens on")
     p.add_argument("--port", type=int, default=50051, help="scheduler port (0 = pick one)")
     p.add_argument("--device", default="cpu", help="torch device of the worker, e.g. cuda:0")
@@ -76,25 +75,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--metrics-port", type=int, default=9400,
                    help="scheduler Prometheus port; the worker uses the next one "
                         "(0 = pick any, -1 = off)")
-    p.add_argument("--max-batch-size", type=int, default=None)
-    p.add_argument("--max-waiting", type=int, default=None, help="waiting queue bound")
-    p.add_argument("--max-batched-tokens", type=int, default=None,
-                   help="tokens per iteration at most (longer prompts are chunked)")
-    p.add_argument("--mlfq-num-queues", type=int, default=None, help="MLFQ: number of queues")
-    p.add_argument("--mlfq-ratio", type=float, default=None,
-                   help="MLFQ: quantum ratio between consecutive queues")
-    p.add_argument("--mlfq-q1-quantum", type=float, default=None,
-                   help="MLFQ: Q1 quantum in seconds (default: one decode iteration)")
-    p.add_argument("--starve-limit", type=float, default=None,
-                   help="MLFQ: seconds without running before promotion to Q1")
-    p.add_argument("--kv-policy", default=None,
-                   help="proactive (default), reactive, recompute or defer: what happens to "
-                   "paused jobs' KV when device blocks run short")
     p.add_argument("--kvstore-budget", default=None, metavar="BYTES",
                    help="host memory of the node's KV store, e.g. 4GiB (default: a quarter "
                    "of RAM)")
     p.add_argument("--no-kvstore", action="store_true",
                    help="start no KV store (paused jobs' KV then stays on the device)")
+    # The scheduler's own settings, passed on to it when given (its defaults otherwise).
+    add_config_args(p, defaults=False)
     p.set_defaults(func=run)
 
 
@@ -128,18 +115,13 @@ def worker_metrics_port(scheduler_port: int, offset: int = 1) -> int:
 
 
 def scheduler_command(args: argparse.Namespace, workers: str) -> list[str]:
-    """The scheduler's command line, pointed at the ``workers`` addresses."""
-    cmd = [
+    """The scheduler's command line, pointed at the ``workers`` addresses, with the
+    ``SchedulerConfig`` settings ``args`` holds (not None)."""
+    return [
         sys.executable, "-m", "scheduler_svc", "--model", args.model, "--workers", workers,
-        "--listen", f"{args.host}:{args.port}", "--policy", args.policy,
-        "--metrics-port", str(args.metrics_port),
+        "--listen", f"{args.host}:{args.port}", "--metrics-port", str(args.metrics_port),
+        *config_argv(args),
     ]
-    for flag in ("max_batch_size", "max_waiting", "max_batched_tokens", "mlfq_num_queues",
-                 "mlfq_ratio", "mlfq_q1_quantum", "starve_limit", "kv_policy"):
-        value = getattr(args, flag, None)
-        if value is not None:
-            cmd += ["--" + flag.replace("_", "-"), str(value)]
-    return cmd
 
 
 def start_child(cmd: list[str], ready_prefix: str, timeout: float, *, name: str = "child",
@@ -194,8 +176,8 @@ def stop_child(p: subprocess.Popen, timeout: float = STOP_TIMEOUT_S) -> int:
 def run(args: argparse.Namespace) -> int:
     """The serve command: see the module doc."""
     from fastserve.models import resolve_model
-
     try:
+        config_from_args(args)  # a refused setting fails here, before anything starts
         resolve_model(args.model, progress=True)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -233,8 +215,8 @@ def _supervise(args: argparse.Namespace, stop: threading.Event,
     scheduler, address = start_child(scheduler_command(args, worker_address), SCHEDULER_READY,
                                      SCHEDULER_START_TIMEOUT_S, name="scheduler", stop=stop)
     children.append(("scheduler", scheduler))
-    print(f"FastServe ready at {address} (policy {args.policy}, model {args.model})",
-          flush=True)
+    policy = config_from_args(args).policy
+    print(f"FastServe ready at {address} (policy {policy}, model {args.model})", flush=True)
     while not stop.wait(0.5):
         for name, child in children:
             if child.poll() is not None:

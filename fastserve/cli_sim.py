@@ -12,9 +12,17 @@ import argparse
 import dataclasses
 import json
 import sys
-import types
-import typing
 from pathlib import Path
+
+from scheduler_svc.config_args import (
+    DEFAULTS,
+    FIELDS,
+    add_config_args,
+    given,
+    parse_value,
+    policy_names,
+)
+from scheduler_svc.core.config import SchedulerConfig
 
 _TABLE = (  # (header, summary key, scale, format)
     ("policy", "label", None, "<26"),
@@ -44,7 +52,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        "model.")
     p.add_argument("--trace", required=True, metavar="FILE",
                    help="trace file: Azure CSV, ShareGPT lengths CSV or .jsonl")
-    p.add_argument("--policy", default="fcfs", help="scheduling policy (default fcfs)")
     p.add_argument("--policies", default=None, type=_str_list, metavar="A,B,C",
                    help="several policies, one run each on the same requests (overrides --policy)")
     p.add_argument("--rate", type=float, default=None,
@@ -72,11 +79,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="KV bytes per token, all layers (default: the cost model's)")
     p.add_argument("--max-context", type=int, default=None,
                    help="tokens per request at most (default: num_blocks * block_size)")
-    p.add_argument("--max-batch-size", type=int, default=64)
-    p.add_argument("--max-batched-tokens", type=int, default=None,
-                   help="prefill + decode tokens per iteration (default: the scheduler's)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
-                   help="any other scheduler setting, e.g. --set starve_limit_s=1 (repeatable)")
+                   help="a scheduler setting by its field name, e.g. --set starve_limit_s=1 "
+                   "(repeatable; the options below win over it)")
     p.add_argument("--length-scale", type=float, default=1.0,
                    help="divide every token length by this")
     p.add_argument("--max-input", type=int, default=None)
@@ -93,6 +98,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="bisection steps after the SLO grid search (default 2)")
     p.add_argument("--json", default=None, metavar="OUT",
                    help="write the list of per-policy summaries (with SLO results) as JSON")
+    add_config_args(p, defaults=False)
     p.set_defaults(func=run)
 
 
@@ -124,27 +130,18 @@ def load_profile_cost_model(path: str | Path):  # -> CostModel
 
 def _parse_settings(items: list[str]) -> dict[str, object]:
     """``KEY=VALUE`` strings -> SchedulerConfig keyword arguments, typed by the field."""
-    from scheduler_svc.core.config import SchedulerConfig
-
-    hints = typing.get_type_hints(SchedulerConfig)
+    names = [f.name for f in FIELDS]
     out: dict[str, object] = {}
     for item in items:
         key, sep, value = item.partition("=")
         key = key.strip().replace("-", "_")
-        if not sep or key not in hints:
-            names = ", ".join(f.name for f in dataclasses.fields(SchedulerConfig))
-            raise ValueError(f"--set {item!r}: expected KEY=VALUE with KEY one of {names}")
-        hint = hints[key]
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        optional = isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
-        kind = args[0] if optional and args else hint
-        if optional and value.strip().lower() in ("", "none"):
-            out[key] = None
-            continue
+        if not sep or key not in names:
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE with KEY one of "
+                             f"{', '.join(names)}")
         try:
-            out[key] = kind(value) if kind is not bool else value.lower() in ("1", "true", "yes")
-        except ValueError:
-            raise ValueError(f"--set {key}: expected {kind.__name__}, got {value!r}") from None
+            out[key] = parse_value(key, value)
+        except ValueError as e:
+            raise ValueError(f"--set {e}") from None
     return out
 
 
@@ -168,16 +165,20 @@ def run(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     from fastserve.traces import load_trace
-    from scheduler_svc.core.config import SchedulerConfig
     from scheduler_svc.core.cost_model import PUBLISHED
-    from scheduler_svc.core.policy import POLICIES
     from scheduler_svc.sim import default_slo, simulate, throughput_at_slo
 
-    policies = args.policies or [args.policy]
-    unknown = [p for p in policies if p not in POLICIES]
+    try:
+        settings = {**_parse_settings(args.settings), **given(args)}
+    except ValueError as e:
+        print(f"fastserve sim: {e}", file=sys.stderr)
+        return 2
+    policies = args.policies or [settings.get("policy", DEFAULTS.policy)]
+    registered = policy_names()
+    unknown = [p for p in policies if p not in registered]
     if unknown:
-        print(f"fastserve sim: unknown policy {', '.join(unknown)}; registered: "
-              f"{', '.join(sorted(POLICIES))}", file=sys.stderr)
+        print(f"fastserve sim: unknown policy {', '.join(map(str, unknown))}; registered: "
+              f"{', '.join(registered)}", file=sys.stderr)
         return 2
     try:
         if args.profile:
@@ -187,11 +188,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             raise ValueError(f"--cost-model must be one of {', '.join(sorted(PUBLISHED))}, "
                              f"got {args.cost_model!r} (or give --profile)")
-        settings = _parse_settings(args.settings)
-        settings["max_batch_size"] = args.max_batch_size
-        if args.max_batched_tokens is not None:
-            settings["max_batched_tokens"] = args.max_batched_tokens
-        kv_policies = args.kv_policies or [settings.get("kv_policy", "proactive")]
+        kv_policies = args.kv_policies or [settings.get("kv_policy", DEFAULTS.kv_policy)]
         configs = {}  # label -> config: one run per scheduling policy and KV policy
         for p in policies:
             for kv in kv_policies:
@@ -236,7 +233,7 @@ def run(args: argparse.Namespace) -> int:
         rows.append({"label": label, **result.summary()})
     print(f"trace {args.trace}  cost model {cost_model.name}  blocks {args.num_blocks} x "
           f"{args.block_size}  store blocks {args.store_blocks}  max batch "
-          f"{args.max_batch_size}")
+          f"{next(iter(configs.values())).max_batch_size}")
     print(_header())
     for row in rows:
         print(_format_row(row))

@@ -2,52 +2,68 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 KV_POLICIES = ("proactive", "reactive", "recompute", "defer")
 
 
+def setting(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
+    """A field with its documentation: ``help`` (and ``choices``, when the values are a fixed
+    set) are the command lines' for it; ``scheduler_svc/config_args.py`` reads them."""
+    metadata: dict[str, Any] = {"help": help}
+    if choices is not None:
+        metadata["choices"] = choices
+    return field(default=default, metadata=metadata)
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
-    policy: str = "fcfs"
-    # Jobs in one iteration at most.
-    max_batch_size: int = 64
-    # Tokens computed in one iteration at most (prefill chunks plus one per decode): bounds the
-    # iteration time, so a long prompt is prefilled over several iterations.
-    max_batched_tokens: int = 512
-    # Admitted jobs that have not started yet; beyond this Generate is refused at once.
-    max_waiting: int = 1024
-    # max_tokens when the request does not say.
-    default_max_tokens: int = 256
-    # Free KV blocks kept back from new jobs, as a fraction of the pool, so running jobs can
-    # still grow by a block without preempting anyone.
-    watermark: float = 0.01
-    # Multi-level feedback queue (skip-join-mlfq, mlfq): number of queues; each queue's quantum
-    # is `mlfq_ratio` times the one above; Q1's is the worker's minimal iteration time (one
-    # decode at batch 1, from its profile) unless `mlfq_q1_quantum_s` sets it.
-    mlfq_num_queues: int = 8
-    mlfq_ratio: float = 2.0
-    mlfq_q1_quantum_s: float | None = None
-    # A job that has not run for this long is promoted to Q1 (starvation prevention). The
-    # FastServe authors' code uses 3 s; lower it for tighter tail latency.
-    starve_limit_s: float = 3.0
-    # What happens to the KV of paused jobs when device blocks run short (FastServe section 3):
-    # "proactive": offload the jobs with the largest Estimated Next Scheduled Time to the
-    #   node's KV store ahead of need, keep a headroom of free blocks, and upload the jobs
-    #   about to run one iteration before they run, overlapped with compute;
-    # "reactive": swap a paused job out only when a higher-priority job needs its blocks, and
-    #   back in at the moment it is scheduled (the copy sits on the critical path);
-    # "recompute": drop a paused job's KV when a higher-priority job needs its blocks, and
-    #   prefill its prompt and output again when it next runs;
-    # "defer": paused jobs keep their KV; a new job waits for free blocks (vLLM-like).
-    # Without a KV store, "proactive" and "reactive" keep paused jobs' KV as "defer" does.
-    # Under every policy, when nothing at all can run, the oldest job takes the blocks of the
-    # newest (offloaded when a store has room, else dropped), so the system never deadlocks.
-    kv_policy: str = "proactive"
-    # Proactive headroom: free device blocks kept for arrivals, sized as the blocks of the
-    # prompts admitted in the last `kv_headroom_window_s`, capped at `kv_headroom_max` of the pool.
-    kv_headroom_window_s: float = 1.0
-    kv_headroom_max: float = 0.25
+    """Every setting of the scheduler. A new setting is one field here: the command lines
+    (``python -m scheduler_svc``, ``fastserve serve``, ``fastserve sim``) take each field as
+    an option named after it (``--max-batch-size``; a trailing ``_s``, seconds, is dropped:
+    ``--starve-limit``), typed, defaulted and documented by the field."""
+
+    policy: str = setting("fcfs", "scheduling policy: the order in which jobs get into a batch")
+    max_batch_size: int = setting(64, "jobs in one iteration at most")
+    max_batched_tokens: int = setting(
+        512, "tokens computed in one iteration at most (prefill chunks plus one per decode): "
+        "bounds the iteration time, so a long prompt is prefilled over several iterations")
+    max_waiting: int = setting(
+        1024, "admitted jobs that have not started yet; beyond this Generate is refused at once")
+    default_max_tokens: int = setting(256, "max_tokens when the request does not say")
+    watermark: float = setting(
+        0.01, "free KV blocks kept back from new jobs, as a fraction of the pool, so running "
+        "jobs can still grow by a block without preempting anyone")
+    mlfq_num_queues: int = setting(
+        8, "multi-level feedback queue (skip-join-mlfq, mlfq): number of queues")
+    mlfq_ratio: float = setting(
+        2.0, "MLFQ: each queue's quantum is this many times the one above")
+    mlfq_q1_quantum_s: float | None = setting(
+        None, "MLFQ: Q1's quantum in seconds, or none for the worker's minimal iteration time "
+        "(one decode at batch 1, from its profile)")
+    starve_limit_s: float = setting(
+        3.0, "MLFQ: seconds without running before a job is promoted to Q1 (starvation "
+        "prevention; the FastServe authors' code uses 3 s, lower it for tighter tail latency)")
+    kv_policy: str = setting(
+        "proactive", "what happens to the KV of paused jobs when device blocks run short "
+        "(FastServe section 3): 'proactive' offloads the jobs with the largest Estimated Next "
+        "Scheduled Time to the node's KV store ahead of need, keeps a headroom of free blocks "
+        "and uploads the jobs about to run one iteration before they run, overlapped with "
+        "compute; 'reactive' swaps a paused job out only when a higher-priority job needs its "
+        "blocks, and back in when it is scheduled (the copy on the critical path); "
+        "'recompute' drops a paused job's KV when a higher-priority job needs its blocks and "
+        "prefills its prompt and output again when it next runs; 'defer' keeps paused jobs' "
+        "KV and lets a new job wait for free blocks (vLLM-like). Without a KV store, "
+        "proactive and reactive keep paused jobs' KV as defer does. Under every policy, when "
+        "nothing at all can run, the oldest job takes the blocks of the newest (offloaded "
+        "when a store has room, else dropped), so the system never deadlocks",
+        choices=KV_POLICIES)
+    kv_headroom_window_s: float = setting(
+        1.0, "proactive KV policy: free device blocks are kept for arrivals, as many as the "
+        "prompts admitted in the last this many seconds take")
+    kv_headroom_max: float = setting(
+        0.25, "proactive KV policy: the headroom is at most this fraction of the pool")
 
     def __post_init__(self) -> None:
         def check(name: str, ok: bool, limit: str) -> None:

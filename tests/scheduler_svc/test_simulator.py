@@ -254,7 +254,10 @@ def test_cli_sim_prints_a_row_per_policy_and_writes_json(tmp_path, capsys):
 def test_cli_sim_refuses_unknown_policy_and_settings(tmp_path, capsys):
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"arrival_s": 0, "input_tokens": 4, "output_tokens": 4}\n')
-    assert cli_main(["sim", "--trace", str(trace), "--policy", "nope"]) == 2
+    with pytest.raises(SystemExit) as refused:  # --policy takes a registered policy only
+        cli_main(["sim", "--trace", str(trace), "--policy", "nope"])
+    assert refused.value.code == 2 and "invalid choice: 'nope'" in capsys.readouterr().err
+    assert cli_main(["sim", "--trace", str(trace), "--policies", "fcfs,nope"]) == 2
     assert "registered:" in capsys.readouterr().err
     assert cli_main(["sim", "--trace", str(trace), "--set", "bogus=1"]) == 2
     assert "KEY one of" in capsys.readouterr().err
