@@ -8,6 +8,7 @@ detokenizing and gRPC writes overlap with the worker's next iteration.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -19,10 +20,11 @@ from fastserve.proto import worker_pb2 as wpb
 from fastserve.proto import worker_pb2_grpc
 from scheduler_svc import wire
 from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.contract import JobUpdate, Stats, StepPlan
 from scheduler_svc.core.cost_model import CostModel
+from scheduler_svc.core.group import GroupCore
 from scheduler_svc.core.job import Job, JobStatus
-from scheduler_svc.core.policy import POLICIES
-from scheduler_svc.core.scheduler import JobUpdate, SchedulerCore, StepPlan
+from scheduler_svc.core.policies import POLICIES
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +55,7 @@ class IterationStats:
 
 
 class WorkerLoop:
-    """Owns one worker connection and the SchedulerCore of that worker."""
+    """Owns one worker connection and the GroupCore of that worker."""
 
     def __init__(self, address: str, config: SchedulerConfig, step_timeout_s: float = 120.0,
                  on_iteration: Callable[[IterationStats], None] | None = None):
@@ -61,7 +63,8 @@ class WorkerLoop:
         self.config = config
         self.step_timeout_s = step_timeout_s
         self.on_iteration = on_iteration
-        self.core: SchedulerCore | None = None
+        self.core: GroupCore | None = None
+        self.stats: Stats | None = None  # published by the loop after each update
         self.describe: wpb.DescribeResponse | None = None
         self.state = "connecting"
         self.error = ""
@@ -69,12 +72,30 @@ class WorkerLoop:
         self._wake = asyncio.Event()
         self._channel: grpc.aio.Channel | None = None
         self._task: asyncio.Task | None = None
-        self._step_id = 0
         self._pending: list[JobUpdate] = []  # applied to the core, not yet streamed
 
     @property
     def ready(self) -> bool:
-        return self.state == "ready"
+        return self.state == "ready" and self.core is not None
+
+    # ---- what the cluster layer reads (same event loop) -----------------------------------
+    @property
+    def max_context(self) -> int | None:
+        return self.core.max_context if self.core is not None else None
+
+    def can_admit(self) -> bool:
+        return self.core is not None and self.core.can_admit()
+
+    def load(self) -> tuple[int, int]:
+        """(live jobs, -free KV blocks): the smaller, the better a place for a new job."""
+        if self.core is None:
+            return (1 << 62, 0)
+        return (len(self.core.jobs), -self.core.kv.num_free)
+
+    def _publish(self) -> None:
+        """A Stats snapshot for readers on other threads (metrics scrapes) and for Status."""
+        if self.core is not None:
+            self.stats = self.core.stats()
 
     async def connect(self, timeout_s: float = 60.0) -> None:
         """Describe the worker and build the core; raises if it cannot be reached in time."""
@@ -106,13 +127,14 @@ class WorkerLoop:
             # The store's capacity is shared by the workers of its node; one worker per node
             # (the local cluster, a GPU per pod) gets all of it.
             store_blocks = d.store_capacity_blocks if d.store_connected else 0
-            self.core = SchedulerCore(self.config, d.num_blocks, d.block_size, capacity,
+            self.core = GroupCore(self.config, d.num_blocks, d.block_size, capacity,
                                       cost_model=cost_model, store_blocks=store_blocks)
             log.info("worker %s: %d KV blocks, KV store %s (%d blocks), kv policy %s",
                      self.address, d.num_blocks, d.kvstore_address or "none", store_blocks,
                      self.config.kv_policy)
         self.state = "ready"
         self.error = ""
+        self._publish()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"worker-loop {self.address}")
@@ -120,10 +142,8 @@ class WorkerLoop:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # shutting down
                 await self._task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - shutting down
-                pass
         if self._channel is not None:
             await self._channel.close()
 
@@ -132,12 +152,14 @@ class WorkerLoop:
         assert self.core is not None
         self.sinks[job.job_id] = sink
         self.core.add(job, time.monotonic())
+        self._publish()
         self._wake.set()
 
     def end(self, job: Job, status: JobStatus) -> None:
         """Finish a job from outside (cancel, client gone, stop string); its stream is told."""
         if self.core is not None and job.job_id in self.core.jobs:
             self.core.finish(job, status, time.monotonic())
+            self._publish()
             self._wake.set()
         sink = self.sinks.pop(job.job_id, None)
         if sink is not None:
@@ -169,6 +191,7 @@ class WorkerLoop:
                 sink = self.sinks.pop(job.job_id, None)
                 if sink is not None:
                     sink(JobUpdate(job, [], [], True))
+            self._publish()
 
     async def _serve_stream(self) -> None:
         assert self._channel is not None and self.core is not None
@@ -176,19 +199,22 @@ class WorkerLoop:
         call = stub.Step()
         core = self.core
         last_read = time.perf_counter()
+        # Steps written and not answered yet: step id -> (plan, written at, overhead). The
+        # core hands out at most its pipeline depth of them (1: one Step at a time).
+        sent: dict[int, tuple[StepPlan, float, float]] = {}
         while True:
-            plan = core.schedule(time.monotonic())
-            if plan is None:
+            while (plan := core.schedule(time.monotonic())) is not None:
+                await call.write(wire.plan_to_proto(plan))
+                written = time.perf_counter()
+                sent[plan.step_id] = (plan, written, written - last_read)
+            if not sent:
                 self._dispatch()
                 core.check_invariants()
+                self._publish()
                 self._wake.clear()
                 await self._wake.wait()
                 last_read = time.perf_counter()
                 continue
-            self._step_id += 1
-            await call.write(wire.plan_to_proto(plan, self._step_id))
-            written = time.perf_counter()
-            overhead = written - last_read
             # Hand the previous iteration's tokens to their streams while this one runs.
             self._dispatch()
             msg = await asyncio.wait_for(call.read(), self.step_timeout_s)
@@ -196,7 +222,12 @@ class WorkerLoop:
                 raise ConnectionError("worker closed the Step stream")
             last_read = time.perf_counter()
             result = wire.result_from_proto(msg)
-            self._pending = core.update(plan, result, time.monotonic())
+            if msg.step_id not in sent:
+                raise ConnectionError(f"worker answered step {msg.step_id}, which is not "
+                                      f"in flight")
+            plan, written, overhead = sent.pop(msg.step_id)
+            self._pending.extend(core.update(msg.step_id, result, time.monotonic()))
+            self._publish()
             self._report(plan, result.compute_time_s, last_read - written, overhead)
 
     def _dispatch(self) -> None:
@@ -212,5 +243,5 @@ class WorkerLoop:
                 overhead_s: float) -> None:
         if self.on_iteration is not None:
             decodes = sum(1 for c in plan.commands if c.num_tokens == 1)
-            self.on_iteration(IterationStats(len(plan.batch), plan.num_batched_tokens,
+            self.on_iteration(IterationStats(plan.batch_size, plan.num_batched_tokens,
                                              compute_s, round_trip_s, overhead_s, decodes))

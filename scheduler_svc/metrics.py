@@ -1,10 +1,10 @@
 """The scheduler's Prometheus exporter: the one module that owns its Prometheus objects.
 
 Events (an iteration done, a request finished) are pushed in by hooks on the loops and the
-servicer; gauges are read from each loop's ``core.stats()`` at scrape time by a custom
-collector, so no background thread polls the cores. Metric names carry a ``fastserve:``
-prefix; a few ``vllm:`` gauges repeat the fleet-wide values under the names that routers and
-autoscalers built for vLLM already read.
+servicer; gauges are read at scrape time, by a custom collector, from the ``Stats``
+snapshot each loop publishes after every update (never from a core another thread changes).
+Metric names carry a ``fastserve:`` prefix; a few ``vllm:`` gauges repeat the fleet-wide
+values under the names that routers and autoscalers built for vLLM already read.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from fastserve.metrics_endpoint import MetricsEndpoint
+from scheduler_svc.core.contract import Stats
 from scheduler_svc.core.job import Job
-from scheduler_svc.core.scheduler import SchedulerCore, Stats
 from scheduler_svc.loop import IterationStats
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ class LoopView(Protocol):
     """What the exporter reads from a WorkerLoop."""
 
     address: str
-    core: SchedulerCore | None
+    stats: Stats | None
 
     @property
     def ready(self) -> bool: ...
@@ -217,17 +217,5 @@ class _LoopCollector(Collector):
 
 
 def _stats(lp: LoopView) -> Stats | None:
-    """A loop's stats snapshot, or None before it has a core.
-
-    Scrapes run on the HTTP server's thread while the event loop mutates the core; a dict
-    resized mid-iteration raises RuntimeError, and the next attempt almost always succeeds.
-    """
-    if lp.core is None:
-        return None
-    for _ in range(3):
-        try:
-            return lp.core.stats()
-        except RuntimeError:
-            continue
-    log.warning("could not read scheduler stats of %s; skipped in this scrape", lp.address)
-    return None
+    """A loop's last published stats snapshot, or None before it has a core."""
+    return lp.stats

@@ -13,6 +13,7 @@ from fastserve.proto import scheduler_pb2 as spb
 from fastserve.proto import scheduler_pb2_grpc
 from scheduler_svc.api.servicer import SchedulerServicer
 from scheduler_svc.api.text import TextModel
+from scheduler_svc.cluster import Cluster
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.loop import WorkerLoop
 from scheduler_svc.metrics import SchedulerMetrics
@@ -49,7 +50,7 @@ async def create_service(config: SchedulerConfig, model_path: str, model_name: s
     await asyncio.gather(*(lp.connect(connect_timeout_s) for lp in loops))
     for lp in loops:
         lp.start()
-    servicer = SchedulerServicer(config, text, loops, model_name,
+    servicer = SchedulerServicer(config, text, Cluster(loops), model_name,
                                  on_finish=metrics.observe_finished if metrics else None)
     server = grpc.aio.server()
     scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, server)

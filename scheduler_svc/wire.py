@@ -3,24 +3,23 @@
 from __future__ import annotations
 
 from fastserve.proto import worker_pb2 as wpb
-from scheduler_svc.core.job import Job
-from scheduler_svc.core.scheduler import StepPlan, StepResult, TokenResult
+from scheduler_svc.core.contract import StepPlan, StepResult, TokenResult
+from scheduler_svc.core.job import Sampling
 
 
-def sampling_to_proto(job: Job) -> wpb.SamplingParams:
-    s = job.sampling
+def sampling_to_proto(s: Sampling) -> wpb.SamplingParams:
     msg = wpb.SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
     if s.seed is not None:
         msg.seed = s.seed
     return msg
 
 
-def plan_to_proto(plan: StepPlan, step_id: int) -> wpb.StepRequest:
+def plan_to_proto(plan: StepPlan) -> wpb.StepRequest:
     return wpb.StepRequest(
-        step_id=step_id,
+        step_id=plan.step_id,
         new_jobs=[
             wpb.NewJob(job_id=n.job_id, prompt_token_ids=n.prompt, output_token_ids=n.output,
-                       sampling=sampling_to_proto(n.job), block_ids=n.block_ids)
+                       sampling=sampling_to_proto(n.sampling), block_ids=n.block_ids)
             for n in plan.new_jobs
         ],
         commands=[

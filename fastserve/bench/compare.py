@@ -173,7 +173,7 @@ class _Cluster:
 def run(args: argparse.Namespace) -> int:
     from fastserve.cli_serve import ChildFailed
     from fastserve.models import DEFAULT_MODEL, resolve_model
-    from scheduler_svc.core.policy import POLICIES
+    from scheduler_svc.core.policies import POLICIES
 
     unknown = [p for p in args.policies if p not in POLICIES]
     if unknown:

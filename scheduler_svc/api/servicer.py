@@ -15,10 +15,10 @@ from fastserve.proto import scheduler_pb2 as spb
 from fastserve.proto import scheduler_pb2_grpc
 from scheduler_svc.api.requests import build_job
 from scheduler_svc.api.text import IncrementalDetokenizer, InvalidRequest, TextModel
+from scheduler_svc.cluster import Cluster
 from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.contract import JobUpdate
 from scheduler_svc.core.job import Job, JobStatus
-from scheduler_svc.core.scheduler import JobUpdate
-from scheduler_svc.loop import WorkerLoop
 
 log = logging.getLogger(__name__)
 
@@ -38,49 +38,44 @@ _WORKER_STATS = (
 )
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
-    def __init__(self, config: SchedulerConfig, text: TextModel, loops: list[WorkerLoop],
+    def __init__(self, config: SchedulerConfig, text: TextModel, cluster: Cluster,
                  model_name: str, on_finish=None):
         self.config = config
         self.text = text
-        self.loops = loops
+        self.cluster = cluster
         self.model_name = model_name
         self.on_finish = on_finish  # called with each finished Job (metrics)
-        self.live: dict[str, tuple[Job, WorkerLoop]] = {}
         self._ids = itertools.count(1)
-
-    def _pick(self) -> WorkerLoop | None:
-        ready = [lp for lp in self.loops if lp.ready and lp.core is not None]
-        return min(ready, key=lambda lp: len(lp.core.jobs), default=None)
 
     async def Generate(self, request: spb.GenerateRequest,
                        context: grpc.aio.ServicerContext) -> AsyncIterator[spb.GenerateResponse]:
         now = time.monotonic()
-        loop = self._pick()
-        if loop is None:
+        cluster = self.cluster
+        group = cluster.pick()
+        if group is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "no worker is ready")
         request_id = request.request_id or uuid.uuid4().hex
-        if request_id in self.live:
+        if cluster.is_live(request_id):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"request_id: {request_id!r} is already in use by a live request")
-        d = loop.describe
+        limits = cluster.limits(group)
         try:
             job, stop = build_job(
                 request, job_id=next(self._ids), request_id=request_id, now=now, text=self.text,
-                vocab_size=d.vocab_size, max_context=loop.core.max_context,
+                vocab_size=limits.vocab_size, max_context=limits.max_context,
                 default_max_tokens=self.config.default_max_tokens,
-                eos_token_ids=frozenset(d.eos_token_ids) | self.text.eos_token_ids,
+                eos_token_ids=limits.eos_token_ids | self.text.eos_token_ids,
             )
         except InvalidRequest as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        if not loop.core.can_admit():
+        if not cluster.can_admit(group):
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"the waiting queue is full ({self.config.max_waiting} requests); retry later",
             )
         detok = IncrementalDetokenizer(self.text, job.prompt, stop)
         updates: asyncio.Queue[JobUpdate] = asyncio.Queue()
-        self.live[request_id] = (job, loop)
-        loop.submit(job, updates.put_nowait)
+        cluster.submit(job, group, updates.put_nowait)
         stop_string = ""
         try:
             finished = False
@@ -99,7 +94,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     text = delta.text
                     if delta.stopped:
                         stop_string = delta.stop_string or ""
-                        loop.end(job, JobStatus.FINISHED_STOPPED)
+                        cluster.end(request_id, JobStatus.FINISHED_STOPPED)
                         finished = True
                 if finished and not stop_string and job.status != JobStatus.FAILED:
                     text += detok.finish()
@@ -114,8 +109,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             yield spb.GenerateResponse(request_id=request_id, final=self._final(job, stop_string))
         finally:
             if not job.status.finished:  # the client went away or its deadline passed
-                loop.end(job, JobStatus.CANCELLED)
-            self.live.pop(request_id, None)
+                cluster.end(request_id, JobStatus.CANCELLED)
+            cluster.forget(request_id)
             if self.on_finish is not None:
                 self.on_finish(job)
 
@@ -136,25 +131,19 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     async def Cancel(self, request: spb.CancelRequest,
                      context: grpc.aio.ServicerContext) -> spb.CancelResponse:
-        entry = self.live.get(request.request_id)
-        if entry is None:
-            return spb.CancelResponse(found=False)
-        job, loop = entry
-        loop.end(job, JobStatus.CANCELLED)
-        return spb.CancelResponse(found=True)
+        found = self.cluster.end(request.request_id, JobStatus.CANCELLED)
+        return spb.CancelResponse(found=found)
 
     async def Status(self, request: spb.StatusRequest,
                      context: grpc.aio.ServicerContext) -> spb.StatusResponse:
         resp = spb.StatusResponse(policy=self.config.policy, max_waiting=self.config.max_waiting,
                                   model=self.model_name, kv_policy=self.config.kv_policy)
         queues: dict[str, int] = {}
-        for lp in self.loops:
-            w = spb.WorkerStatus(address=lp.address, state=lp.state, healthy=lp.ready,
-                                 error=lp.error)
-            if lp.describe is not None:
-                w.model = lp.describe.model
-            if lp.core is not None:
-                st = lp.core.stats()
+        for g in self.cluster.status():
+            w = spb.WorkerStatus(address=g.address, state=g.state, healthy=g.ready,
+                                 error=g.error, model=g.model)
+            st = g.stats
+            if st is not None:
                 for name in _WORKER_STATS:
                     setattr(w, name, getattr(st, name))
                 w.kv_usage = st.num_used_blocks / st.num_blocks

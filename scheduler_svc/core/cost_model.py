@@ -7,6 +7,7 @@ simulator, so a policy is evaluated in simulation with the costs it is scheduled
 from __future__ import annotations
 
 import bisect
+import itertools
 from dataclasses import dataclass
 
 
@@ -44,7 +45,7 @@ class CostModel:
         for label, pts in (("decode", self.decode), ("prefill", self.prefill)):
             if not pts:
                 raise ValueError(f"cost model needs at least one {label} point")
-            if any(b[0] <= a[0] for a, b in zip(pts, pts[1:])):
+            if any(b[0] <= a[0] for a, b in itertools.pairwise(pts)):
                 raise ValueError(f"cost model {label} points must have increasing sizes: {pts}")
             if any(t <= 0 for _, t in pts):
                 raise ValueError(f"cost model {label} times must be > 0: {pts}")
@@ -92,7 +93,8 @@ OPT_13B_A100 = CostModel(
     decode=((1, 0.024), (8, 0.026), (16, 0.029), (32, 0.038), (64, 0.055), (128, 0.090)),
     prefill=((1, 0.024), (128, 0.040), (512, 0.090), (1024, 0.170), (2048, 0.340)),
     name="opt-13b-a100",
-    source="FastServe (arXiv 2305.05920) setup; Orca (OSDI'22) and vLLM (SOSP'23) OPT-13B latencies",
+    source=("FastServe (arXiv 2305.05920) setup; Orca (OSDI'22) and vLLM (SOSP'23) OPT-13B "
+            "latencies"),
     # 2 (K, V) x 40 layers x 5120 hidden x 2 bytes (FP16); PCIe 4.0 x16 host copies from
     # pinned memory at ~25 GB/s.
     kv_bytes_per_token=2 * 40 * 5120 * 2,

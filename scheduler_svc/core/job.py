@@ -1,4 +1,9 @@
-"""A request's life inside the scheduler."""
+"""A request's life inside the scheduler, and its KV placement on the group that runs it.
+
+``Job`` is the request (prompt, sampling, output, timing, status); ``Placement`` is where its
+KV lives on one worker group (device blocks, store blocks, computed tokens, whether the
+worker knows it). A job that leaves a group gets a fresh ``Placement`` and keeps the rest.
+"""
 
 from __future__ import annotations
 
@@ -38,8 +43,20 @@ class Sampling:
 
 
 @dataclass(eq=False)
+class Placement:
+    """The scheduler's view of one job's state on its worker group."""
+
+    blocks: list[int] = field(default_factory=list)  # device KV blocks, in table order
+    num_computed: int = 0  # tokens whose KV the group holds (or will, once its plan runs)
+    on_worker: bool = False  # the worker has been sent this job (NewJob) and not told to free it
+    # Blocks of this job's KV in the node's KV store: > 0 while it is offloaded (then it holds
+    # no device blocks, and the worker keeps its tokens and sampler state).
+    stored: int = 0
+
+
+@dataclass(eq=False)
 class Job:
-    """One request. Token bookkeeping is the scheduler's view of the worker's state."""
+    """One request; ``kv`` is its placement on the worker group that runs it."""
 
     job_id: int
     prompt: list[int]
@@ -51,13 +68,7 @@ class Job:
     ignore_eos: bool = False
     output: list[int] = field(default_factory=list)
     status: JobStatus = JobStatus.WAITING
-    # KV state on the worker.
-    blocks: list[int] = field(default_factory=list)
-    num_computed: int = 0  # tokens whose KV the worker holds
-    on_worker: bool = False  # the worker has been sent this job (NewJob) and not told to free it
-    # Blocks of this job's KV in the node's KV store: > 0 while it is offloaded (then it holds
-    # no device blocks, and the worker keeps its tokens and sampler state).
-    stored: int = 0
+    kv: Placement = field(default_factory=Placement)
     # Timing (scheduler clock).
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
@@ -77,7 +88,7 @@ class Job:
     @property
     def num_pending(self) -> int:
         """Known tokens whose KV is not computed yet (the whole prompt before the first run)."""
-        return self.num_tokens - self.num_computed
+        return len(self.prompt) + len(self.output) - self.kv.num_computed
 
     @property
     def started(self) -> bool:

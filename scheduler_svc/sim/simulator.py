@@ -1,4 +1,4 @@
-"""A discrete-event simulator of one worker, driving the production ``SchedulerCore``.
+"""A discrete-event simulator of one worker, driving the production ``GroupCore``.
 
 The scheduler core and the policy are the exact objects the service runs; only the worker is
 replaced: each iteration "computes" its plan in the time the cost model predicts, answers every
@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.contract import StepResult, TokenResult
 from scheduler_svc.core.cost_model import CostModel
+from scheduler_svc.core.group import GroupCore
 from scheduler_svc.core.job import Job
-from scheduler_svc.core.scheduler import SchedulerCore, StepResult, TokenResult
 from scheduler_svc.sim.metrics import RequestRecord, summarize
 
 # The token every simulated job samples; its value is irrelevant (jobs ignore EOS).
@@ -127,7 +128,7 @@ def simulate(
     store_blocks: int = 0,
     stop_above_s_per_token: float | None = None,
 ) -> SimResult:
-    """Run ``requests`` through a ``SchedulerCore`` with ``config.policy`` on one simulated worker.
+    """Run ``requests`` through a ``GroupCore`` with ``config.policy`` on one simulated worker.
 
     ``max_context`` defaults to the whole KV pool (``num_blocks * block_size``); ``rate`` only
     labels the summary; ``progress(n)`` is told each time n more requests finish (tqdm's
@@ -153,7 +154,7 @@ def simulate(
             f"got {max_context}: a job that cannot hold its whole context in the pool never ends"
         )
     specs, skipped, clipped = _fit(requests, max_context)
-    core = SchedulerCore(config, num_blocks, block_size, max_context, cost_model=cost_model,
+    core = GroupCore(config, num_blocks, block_size, max_context, cost_model=cost_model,
                          store_blocks=store_blocks)
     swap_time = cost_model.swap_time
     copy_free_at = 0.0  # the copy engine is busy until then
@@ -189,41 +190,40 @@ def simulate(
                 break
             # Nothing runs. With no free block no arrival can change that (every job needs a
             # block to compute), so waiting for one, as the service would, never ends.
-            if core.jobs and (next_i == num_specs or core.allocator.num_free == 0):
+            if core.jobs and (next_i == num_specs or core.kv.num_free == 0):
                 raise _stalled(core, now, config)
             now = max(now, specs[next_i].arrival_s)
             continue
-        num_idle_plans = num_idle_plans + 1 if not plan.batch and core.jobs else 0
+        num_idle_plans = num_idle_plans + 1 if not plan.commands and core.jobs else 0
         if num_idle_plans > MAX_IDLE_PLANS:
             raise _stalled(core, now, config)
         # Answer like a worker: a job samples in the iteration that computes its last known
-        # token. plan.batch and plan.commands are built together, one entry per job.
+        # token (the command says which).
         num_decodes = prefill_tokens = 0
         results = []
-        for cmd, job in zip(plan.commands, plan.batch):
+        for cmd in plan.commands:
             n = cmd.num_tokens
             if n == 1:
                 num_decodes += 1
             else:
                 prefill_tokens += n
-            done = job.num_computed + n
-            token = SIM_TOKEN if done == len(job.prompt) + len(job.output) else None
-            results.append(TokenResult(cmd.job_id, done, token))
+            results.append(TokenResult(cmd.job_id, cmd.num_computed,
+                                       SIM_TOKEN if cmd.samples else None))
         wait = 0.0
         if plan.swap_out or plan.swap_in:
             t_copy = max(now, copy_free_at)
             for jid in plan.swap_out:
-                t_copy += swap_time(core.jobs[jid].stored, block_size)
+                t_copy += swap_time(core.jobs[jid].kv.stored, block_size)
             for sw in plan.swap_in:
                 t_copy += swap_time(len(sw.block_ids), block_size)
                 upload_done[sw.job_id] = t_copy
             copy_free_at = t_copy
         if upload_done:
-            for job in plan.batch:
-                done_at = upload_done.pop(job.job_id, None)
+            for cmd in plan.commands:
+                done_at = upload_done.pop(cmd.job_id, None)
                 if done_at is not None and done_at > now + wait:
                     wait = done_at - now
-        if plan.batch:
+        if plan.commands:
             key = (num_decodes, prefill_tokens)
             t = times.get(key)
             if t is None:
@@ -234,7 +234,7 @@ def simulate(
         end = now + wait + t
         admit_until(end)  # arrived while the iteration ran, as in the service
         num_done = 0
-        for u in core.update(plan, StepResult(results, [], t, swap_wait_s=wait), end):
+        for u in core.update(plan.step_id, StepResult(results, [], t, swap_wait_s=wait), end):
             if u.finished:
                 job = u.job
                 s = specs[job.job_id]
@@ -263,14 +263,14 @@ def simulate(
         policy=config.policy, cost_model=cost_model.name, rate=rate, records=done_records,
         num_iterations=num_iterations, num_preemptions=core.num_preemptions,
         num_skipped=skipped, num_clipped=clipped, sim_end_s=now,
-        kv_policy=config.kv_policy, num_recomputes=core.num_recomputes,
-        num_swap_outs=core.num_swap_outs, num_swap_ins=core.num_swap_ins,
+        kv_policy=config.kv_policy, num_recomputes=core.kv.num_recomputes,
+        num_swap_outs=core.kv.num_swap_outs, num_swap_ins=core.kv.num_swap_ins,
         swap_wait_s=core.swap_wait_s, stopped_at_s_per_token=stopped_at,
     )
 
 
-def _stalled(core: SchedulerCore, now: float, config: SchedulerConfig) -> RuntimeError:
-    alloc = core.allocator
+def _stalled(core: GroupCore, now: float, config: SchedulerConfig) -> RuntimeError:
+    alloc = core.kv.allocator
     return RuntimeError(
         f"the scheduler stalled at t={now:.3f} s: {len(core.jobs)} live jobs, none scheduled, "
         f"{alloc.num_free} of {alloc.num_blocks} blocks of {alloc.block_size} tokens free "

@@ -6,8 +6,8 @@ import pytest
 from core_driver import EOS, make_core, make_job, run_step
 
 from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.contract import StepResult, TokenResult
 from scheduler_svc.core.job import JobStatus
-from scheduler_svc.core.scheduler import StepResult, TokenResult
 
 
 def test_fcfs_runs_everyone_to_max_tokens_and_frees_all_blocks():
@@ -22,7 +22,7 @@ def test_fcfs_runs_everyone_to_max_tokens_and_frees_all_blocks():
     assert sorted(j.job_id for j in finished) == list(range(5))
     assert all(j.status == JobStatus.FINISHED_LENGTH and len(j.output) == j.max_tokens
                for j in finished)
-    assert core.allocator.num_free == 64 and not core.jobs
+    assert core.kv.allocator.num_free == 64 and not core.jobs
 
 
 def test_new_jobs_sent_once_then_only_diffs():
@@ -86,17 +86,17 @@ def test_started_job_preempts_lower_priority_by_recompute():
             preempted_seen = True  # job 2 re-sent with its generated tokens
         t += 1
         assert t < 200
-    assert core.num_recomputes >= 1 and preempted_seen
-    assert core.allocator.num_free == 4
+    assert core.kv.num_recomputes >= 1 and preempted_seen
+    assert core.kv.allocator.num_free == 4
 
 
 def test_cancel_frees_blocks_and_tells_the_worker():
     core = make_core()
     core.add(make_job(1, max_tokens=50), 0.0)
     run_step(core, 0.0)
-    assert core.allocator.num_used == 2
+    assert core.kv.allocator.num_used == 2
     job = core.cancel(1, 1.0)
-    assert job.status == JobStatus.CANCELLED and core.allocator.num_used == 0
+    assert job.status == JobStatus.CANCELLED and core.kv.allocator.num_used == 0
     plan = core.schedule(2.0)
     assert plan.free_job_ids == [1] and not plan.commands
     assert core.schedule(3.0) is None
@@ -108,7 +108,7 @@ def test_worker_error_fails_only_that_job():
     core.add(make_job(2), 0.0)
     plan = core.schedule(0.0)
     res = StepResult([TokenResult(2, 5, 7, -0.1)], [(1, "block id 99 out of range")], 0.01)
-    updates = core.update(plan, res, 0.1)
+    updates = core.update(plan.step_id, res, 0.1)
     by_id = {u.job.job_id: u.job for u in updates}
     assert by_id[1].status == JobStatus.FAILED and "out of range" in by_id[1].error
     assert by_id[2].output == [7] and not by_id[2].status.finished

@@ -1,8 +1,7 @@
 """The scheduler's KV memory planner: offload, upload, drop, and the four kv policies.
 
-A small protocol model of the worker checks every plan the core sends: swaps only of jobs in
-the right place, swap-ins into free blocks of exactly the job's computed KV, no command for an
-offloaded job, no block owned twice. The real worker and store run in the e2e tests.
+A small protocol model of the worker (core_driver.WorkerModel) checks every plan the core
+sends. The real worker and store run in the e2e tests.
 """
 
 from __future__ import annotations
@@ -10,72 +9,19 @@ from __future__ import annotations
 import math
 
 import pytest
-from core_driver import LINEAR, make_job
+from core_driver import BS, LINEAR, WorkerModel, make_job
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler_svc.core.config import SchedulerConfig
-from scheduler_svc.core.scheduler import SchedulerCore, StepResult, TokenResult
-
-BS = 4
-
-
-class WorkerModel:
-    """What a worker would hold after each Step; asserts the plan is valid for it."""
-
-    def __init__(self, num_blocks: int):
-        self.owner: dict[int, int] = {}
-        self.computed: dict[int, int] = {}
-        self.offloaded: set[int] = set()
-        self.num_blocks = num_blocks
-
-    def _claim(self, jid: int, blocks: list[int]) -> None:
-        for b in blocks:
-            assert 0 <= b < self.num_blocks
-            assert b not in self.owner, f"block {b} of job {self.owner.get(b)} given to {jid}"
-            self.owner[b] = jid
-
-    def _release(self, jid: int) -> None:
-        self.owner = {b: j for b, j in self.owner.items() if j != jid}
-
-    def apply(self, plan, core: SchedulerCore) -> list[TokenResult]:
-        for jid in plan.free_job_ids:
-            assert jid in self.computed, f"free of unknown job {jid}"
-            self._release(jid)
-            del self.computed[jid]
-            self.offloaded.discard(jid)
-        for jid in plan.swap_out:
-            assert jid in self.computed and jid not in self.offloaded
-            held = [b for b, j in self.owner.items() if j == jid]
-            assert len(held) == math.ceil(self.computed[jid] / BS) > 0
-            self._release(jid)
-            self.offloaded.add(jid)
-        for sw in plan.swap_in:
-            assert sw.job_id in self.offloaded, f"swap-in of job {sw.job_id} not offloaded"
-            assert len(sw.block_ids) == math.ceil(self.computed[sw.job_id] / BS)
-            self._claim(sw.job_id, sw.block_ids)
-            self.offloaded.discard(sw.job_id)
-        for n in plan.new_jobs:
-            assert n.job_id not in self.computed
-            self.computed[n.job_id] = 0
-            self._claim(n.job_id, n.block_ids)
-        results = []
-        for cmd in plan.commands:
-            assert cmd.job_id not in self.offloaded, f"command for offloaded job {cmd.job_id}"
-            self._claim(cmd.job_id, cmd.append_block_ids)
-            done = self.computed[cmd.job_id] + cmd.num_tokens
-            held = sum(1 for j in self.owner.values() if j == cmd.job_id)
-            assert held * BS >= done, f"job {cmd.job_id}: {done} tokens in {held} blocks"
-            self.computed[cmd.job_id] = done
-            job = core.jobs[cmd.job_id]
-            results.append(TokenResult(cmd.job_id, done, 7 if done == job.num_tokens else None))
-        return results
+from scheduler_svc.core.contract import StepResult
+from scheduler_svc.core.group import GroupCore
 
 
 def make(policy="skip-join-mlfq", kv_policy="proactive", num_blocks=32, store_blocks=64,
-         **cfg) -> SchedulerCore:
+         **cfg) -> GroupCore:
     config = SchedulerConfig(policy=policy, kv_policy=kv_policy, watermark=0.0, **cfg)
-    return SchedulerCore(config, num_blocks, BS, num_blocks * BS, cost_model=LINEAR,
+    return GroupCore(config, num_blocks, BS, num_blocks * BS, cost_model=LINEAR,
                          store_blocks=store_blocks)
 
 
@@ -88,7 +34,7 @@ def step(core, worker, now, elapsed=0.01, lost=()):
         worker._release(jid)
         worker.computed.pop(jid, None)
         worker.offloaded.discard(jid)
-    updates = core.update(plan, StepResult(results, [], elapsed, kv_lost=list(lost)),
+    updates = core.update(plan.step_id, StepResult(results, [], elapsed, kv_lost=list(lost)),
                           now + elapsed)
     core.check_invariants()
     return plan, updates
@@ -118,11 +64,11 @@ def pause_long_job(core, max_tokens):
 def test_a_new_high_priority_job_offloads_a_paused_one_instead_of_waiting():
     core = make(num_blocks=12, max_batch_size=1)
     worker, t = pause_long_job(core, max_tokens=100)
-    assert core.jobs[0].blocks and core.policy.level[0] > 0
+    assert core.jobs[0].kv.blocks and core.policy.level[0] > 0
     plan, _ = step(core, worker, t)
     assert plan.swap_out == [0] and not core.jobs[1].started
-    n = math.ceil(core.jobs[0].num_computed / BS)
-    assert core.jobs[0].stored == n and core.store_used == n and not core.jobs[0].blocks
+    n = math.ceil(core.jobs[0].kv.num_computed / BS)
+    assert core.jobs[0].kv.stored == n and core.kv.store_used == n and not core.jobs[0].kv.blocks
     t += 0.01
     plan, _ = step(core, worker, t)  # its blocks are free once the offload is confirmed
     assert [c.job_id for c in plan.commands] == [1] and not plan.swap_in
@@ -133,7 +79,7 @@ def test_a_new_high_priority_job_offloads_a_paused_one_instead_of_waiting():
     while core.has_work():
         t += 0.01
         step(core, worker, t)
-    assert core.num_swap_ins >= 1 and core.store_used == 0 and core.num_recomputes == 0
+    assert core.kv.num_swap_ins >= 1 and core.kv.store_used == 0 and core.kv.num_recomputes == 0
 
 
 def test_defer_keeps_paused_kv_and_the_new_job_waits():
@@ -149,7 +95,7 @@ def test_recompute_drops_the_paused_job_and_computes_it_again():
     worker, t = pause_long_job(core, max_tokens=100)
     plan, _ = step(core, worker, t)
     assert 0 in plan.free_job_ids and not plan.swap_out and core.jobs[1].started
-    assert core.jobs[0].num_computed == 0 and core.num_recomputes == 1
+    assert core.jobs[0].kv.num_computed == 0 and core.kv.num_recomputes == 1
 
 
 def test_a_full_store_stops_new_prefills_from_displacing_paused_jobs():
@@ -157,20 +103,21 @@ def test_a_full_store_stops_new_prefills_from_displacing_paused_jobs():
     worker, t = pause_long_job(core, max_tokens=30)
     plan, _ = step(core, worker, t)
     assert not plan.swap_out and 0 not in plan.free_job_ids
-    assert not core.jobs[1].started and core.jobs[0].blocks
+    assert not core.jobs[1].started and core.jobs[0].kv.blocks
 
 
 def test_a_refused_swap_out_leaves_the_job_on_the_device():
     core = make(num_blocks=12, max_batch_size=1)
     _, t = pause_long_job(core, max_tokens=100)
-    blocks = list(core.jobs[0].blocks)
+    blocks = list(core.jobs[0].kv.blocks)
     plan = core.schedule(t)
     assert plan.swap_out == [0]
-    core.update(plan, StepResult([], [(0, "RESOURCE_EXHAUSTED: swap_out: store full")], 0.01,
-                                 swap_refused=[0]), t + 0.01)
+    refused = StepResult([], [(0, "RESOURCE_EXHAUSTED: swap_out: store full")], 0.01,
+                         swap_refused=[0])
+    core.update(plan.step_id, refused, t + 0.01)
     core.check_invariants()
     job = core.jobs[0]
-    assert job.blocks == blocks and not job.stored and core.store_used == 0
+    assert job.kv.blocks == blocks and not job.kv.stored and core.kv.store_used == 0
     assert not job.status.finished
 
 
@@ -178,7 +125,7 @@ def test_lost_kv_is_recomputed_not_failed():
     core = make(num_blocks=12, max_batch_size=1)
     worker, t = pause_long_job(core, max_tokens=16)
     step(core, worker, t)  # job 0 offloaded
-    assert core.jobs[0].stored
+    assert core.jobs[0].kv.stored
     while 1 in core.jobs:
         t += 0.01
         step(core, worker, t)
@@ -187,11 +134,11 @@ def test_lost_kv_is_recomputed_not_failed():
     worker.apply(plan, core)
     worker._release(0)
     worker.computed.pop(0)
-    core.update(plan, StepResult([], [], 0.01, kv_lost=[0]), t + 0.01)
+    core.update(plan.step_id, StepResult([], [], 0.01, kv_lost=[0]), t + 0.01)
     core.check_invariants()
     job = core.jobs[0]
-    assert not job.on_worker and job.num_computed == 0 and core.num_kv_lost == 1
-    assert core.store_used == 0
+    assert not job.kv.on_worker and job.kv.num_computed == 0 and core.kv.num_kv_lost == 1
+    assert core.kv.store_used == 0
     n_out = len(job.output)
     while core.has_work():
         t += 0.01
@@ -246,7 +193,7 @@ def test_every_job_finishes_and_kv_accounting_returns_to_zero(jobs, policy, kv, 
         iterations += 1
         assert iterations < 20000, "no progress: livelock"
     assert done == set(range(len(pending)))
-    assert core.allocator.num_free == blocks and core.store_used == 0
+    assert core.kv.allocator.num_free == blocks and core.kv.store_used == 0
     assert not worker.offloaded
 
 
@@ -258,7 +205,7 @@ def test_worker_lost_mid_step_returns_offloaded_blocks():
     failed = core.fail_all("worker gone", t)  # the Step never answers
     assert {j.job_id for j in failed} == {0, 1}
     core.check_invariants()
-    assert core.allocator.num_free == 12 and core.store_used == 0
+    assert core.kv.allocator.num_free == 12 and core.kv.store_used == 0
 
 
 def test_a_command_after_a_failed_upload_is_recomputed_not_failed():
@@ -273,10 +220,10 @@ def test_a_command_after_a_failed_upload_is_recomputed_not_failed():
     # The worker finds the upload failed: DATA_LOSS, forgets the job, and then the command
     # names a job it does not know.
     errors = [(0, "DATA_LOSS: swap_in failed"), (0, "NOT_FOUND: command: unknown job 0")]
-    core.update(plan, StepResult([], errors, 0.01, kv_lost=[0]), t + 0.01)
+    core.update(plan.step_id, StepResult([], errors, 0.01, kv_lost=[0]), t + 0.01)
     core.check_invariants()
     job = core.jobs[0]
-    assert not job.status.finished and not job.on_worker and job.num_computed == 0
+    assert not job.status.finished and not job.kv.on_worker and job.kv.num_computed == 0
 
 
 def test_new_jobs_that_cannot_get_room_leave_the_batch_to_paused_jobs_that_can_run():
@@ -285,7 +232,7 @@ def test_new_jobs_that_cannot_get_room_leave_the_batch_to_paused_jobs_that_can_r
     the batch's slots: both long jobs keep decoding."""
     core = make(num_blocks=16, store_blocks=2, max_batch_size=2, starve_limit_s=100.0)
     worker, t = run_long_jobs(core, 16, 2, prompt_len=18, max_tokens=100, iterations=8)
-    assert core.allocator.num_free < 5 and core._store_free() < 7
+    assert core.kv.allocator.num_free < 5 and core.kv.store_free() < 7
     for i in (2, 3, 4):
         core.add(make_job(i, prompt_len=18, max_tokens=3), t)  # 5 blocks each
     assert all(core.policy.level[i] < core.policy.level[0] for i in (2, 3, 4))
@@ -299,16 +246,16 @@ def test_the_headroom_offloads_stop_once_enough_blocks_are_on_their_way():
     must count them as it goes: it offloads paused jobs until free plus outgoing blocks cover
     the headroom, and not one job more."""
     core = make(num_blocks=24, store_blocks=64, max_batch_size=1, starve_limit_s=100.0)
-    worker, t = run_long_jobs(core, 24, 4, prompt_len=14, max_tokens=200, iterations=40)
+    _, t = run_long_jobs(core, 24, 4, prompt_len=14, max_tokens=200, iterations=40)
     core.add(make_job(9, prompt_len=14, max_tokens=3), t)
-    headroom = core._headroom(t)
-    paused = [j for j in core._holding.values() if j.job_id != 9]
+    headroom = core.kv_policy.headroom(t, core.policy.arrivals_preempt)
+    paused = [j for j in core.kv.holding.values() if j.job_id != 9]
     assert len(paused) >= 2  # more candidates than the headroom needs
     plan = core.schedule(t)
     assert [c.job_id for c in plan.commands] == [9]
-    outgoing = [len(core._outgoing[j]) for j in plan.swap_out]
-    assert plan.swap_out and core.allocator.num_free + sum(outgoing) >= headroom
-    assert core.allocator.num_free + sum(outgoing) - outgoing[-1] < headroom
+    outgoing = [core.kv.num_outgoing(j) for j in plan.swap_out]
+    assert plan.swap_out and core.kv.allocator.num_free + sum(outgoing) >= headroom
+    assert core.kv.allocator.num_free + sum(outgoing) - outgoing[-1] < headroom
 
 
 @pytest.mark.parametrize("kv_policy", ["proactive", "recompute"])
@@ -330,7 +277,7 @@ def test_fcfs_admits_in_order_and_never_displaces_a_started_job(kv_policy):
         t += 0.01
         step(core, worker, t)
     assert jobs[1].first_scheduled_time <= jobs[2].first_scheduled_time
-    assert core.num_swap_outs == 0 and core.num_recomputes == 0
+    assert core.kv.num_swap_outs == 0 and core.kv.num_recomputes == 0
 
 
 def test_a_reactive_upload_waits_for_store_room_instead_of_dropping_kv():
@@ -341,8 +288,8 @@ def test_a_reactive_upload_waits_for_store_room_instead_of_dropping_kv():
     worker, t = run_long_jobs(core, 12, 1, prompt_len=30, max_tokens=100, iterations=12)
     core.add(make_job(1, prompt_len=14, max_tokens=40), t)
     step(core, worker, t)  # job 1 displaces job 0 into the store, which it fills
-    assert core.jobs[0].stored and core._store_free() == 0
+    assert core.jobs[0].kv.stored and core.kv.store_free() == 0
     while core.has_work():  # job 0 is promoted above job 1 while job 1 runs
         t += 0.01
         step(core, worker, t)
-    assert core.policy.num_promotions > 0 and core.num_recomputes == 0
+    assert core.policy.num_promotions > 0 and core.kv.num_recomputes == 0

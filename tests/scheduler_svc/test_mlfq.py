@@ -7,7 +7,7 @@ from core_driver import LINEAR, iteration_cost, make_core, make_job, run_step
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler_svc.core.mlfq import SkipJoinMLFQ
+from scheduler_svc.core.policies.mlfq import SkipJoinMLFQ
 
 
 def mlfq_core(policy="skip-join-mlfq", **kw):
@@ -44,12 +44,12 @@ def test_demotion_when_service_exceeds_quantum_then_head_return():
     core.add(make_job(1, prompt_len=1, max_tokens=50), 0.0)  # Q1 (10 ms)
     core.add(make_job(2, prompt_len=1, max_tokens=50), 0.0)
     plan, _ = run_step(core, 0.0, elapsed=0.008)  # 8 ms <= 10 ms: stays, back at the head
-    assert [j.job_id for j in plan.batch] == [1] and core.policy.level[1] == 0
+    assert [c.job_id for c in plan.commands] == [1] and core.policy.level[1] == 0
     plan, _ = run_step(core, 0.1, elapsed=0.008)  # 16 ms > 10 ms: demoted to Q2's tail
-    assert [j.job_id for j in plan.batch] == [1]
+    assert [c.job_id for c in plan.commands] == [1]
     assert core.policy.level[1] == 1 and core.policy.num_demotions == 1
     plan, _ = run_step(core, 0.2, elapsed=0.008)
-    assert [j.job_id for j in plan.batch] == [2]  # job 2 (Q1) now goes first: job 1 preempted
+    assert [c.job_id for c in plan.commands] == [2]  # job 2 (Q1) now goes first: job 1 preempted
     assert core.stats().num_preemptions >= 1
 
 
@@ -79,7 +79,7 @@ def test_fixed_priority_runs_shortest_prompt_first():
     core = make_core(policy="fixed-priority", max_batch_size=1, num_blocks=1024)
     for i, n in enumerate([30, 5, 12]):
         core.add(make_job(i, prompt_len=n, max_tokens=1), 0.0)
-    order = [run_step(core, t)[0].batch[0].job_id for t in range(3)]
+    order = [run_step(core, t)[0].commands[0].job_id for t in range(3)]
     assert order == [1, 2, 0]
 
 
@@ -87,7 +87,7 @@ def test_srpt_oracle_runs_shortest_remaining_output_first():
     core = make_core(policy="srpt-oracle", max_batch_size=1, num_blocks=1024)
     for i, n in enumerate([9, 2, 5]):
         core.add(make_job(i, prompt_len=3, max_tokens=n), 0.0)
-    first = [run_step(core, t)[0].batch[0].job_id for t in range(3)]
+    first = [run_step(core, t)[0].commands[0].job_id for t in range(3)]
     assert first == [1, 1, 2]
 
 
@@ -112,7 +112,7 @@ def test_every_rule_holds_and_every_job_finishes(jobs, policy, batch, budget, bl
     t, finished, iterations = 0.0, set(), 0
     while pending or core.has_work():
         while pending and pending[0][1][2] <= t:
-            i, (p, o, a) = pending.pop(0)
+            i, (p, o, _) = pending.pop(0)
             job = make_job(i, prompt_len=p, max_tokens=o, now=t)
             core.add(job, t)
             # Skip-join placement: the first queue whose quantum covers the first chunk.
@@ -129,15 +129,16 @@ def test_every_rule_holds_and_every_job_finishes(jobs, policy, batch, budget, bl
             continue
         before = {j: (pol.level[j], pol.service[j]) for j in pol.level}
         # Batch budgets.
-        assert len(plan.batch) <= batch
+        assert len(plan.commands) <= batch
         assert plan.num_batched_tokens <= budget
-        assert core.allocator.num_used <= blocks
+        assert core.kv.allocator.num_used <= blocks
         elapsed = iteration_cost(core, plan)
+        in_batch = [core.jobs[c.job_id] for c in plan.commands]
         _, updates = run_step_with(core, plan, t, elapsed)
         t += elapsed
         iterations += 1
         finished |= {u.job.job_id for u in updates if u.finished}
-        for job in plan.batch:  # demotion thresholds and targets, and head return
+        for job in in_batch:  # demotion thresholds and targets, and head return
             jid = job.job_id
             if jid not in pol.level:
                 continue
@@ -150,20 +151,20 @@ def test_every_rule_holds_and_every_job_finishes(jobs, policy, batch, budget, bl
                 assert pol.level[jid] == lvl
         assert iterations < 20000
     assert finished == set(range(len(arrivals)))
-    assert core.allocator.num_free == blocks
+    assert core.kv.allocator.num_free == blocks
 
 
 def run_step_with(core, plan, now, elapsed):
     """Answer an already-made plan like a worker (see core_driver.run_step)."""
-    from scheduler_svc.core.scheduler import StepResult, TokenResult
+    from scheduler_svc.core.contract import StepResult, TokenResult
 
     results = []
     for cmd in plan.commands:
         job = core.jobs[cmd.job_id]
-        done = job.num_computed + cmd.num_tokens
+        done = cmd.num_computed
         tok = 7 if done == job.num_tokens else None
         results.append(TokenResult(cmd.job_id, done, tok, -0.5 if tok is not None else None))
-    updates = core.update(plan, StepResult(results, [], elapsed), now + elapsed)
+    updates = core.update(plan.step_id, StepResult(results, [], elapsed), now + elapsed)
     core.check_invariants()
     return plan, updates
 
@@ -187,4 +188,4 @@ def test_every_policy_finishes_every_job_under_memory_pressure(jobs, batch, bloc
         t += 0.02
         iterations += 1
         assert iterations < 20000, "no progress: livelock"
-    assert done == set(range(len(fitting))) and core.allocator.num_free == blocks
+    assert done == set(range(len(fitting))) and core.kv.allocator.num_free == blocks

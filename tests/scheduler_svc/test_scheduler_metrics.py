@@ -12,8 +12,9 @@ import pytest
 from procs import scrape_metrics
 
 from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.contract import StepResult, TokenResult
+from scheduler_svc.core.group import GroupCore
 from scheduler_svc.core.job import Job, JobStatus
-from scheduler_svc.core.scheduler import SchedulerCore, StepResult, TokenResult
 from scheduler_svc.loop import IterationStats
 from scheduler_svc.metrics import SchedulerMetrics
 
@@ -24,12 +25,16 @@ MODEL = "tiny-llama"
 @dataclass
 class FakeLoop:
     address: str
-    core: SchedulerCore | None
+    core: GroupCore | None
     ready: bool = True
 
+    @property
+    def stats(self):
+        return self.core.stats() if self.core is not None else None
 
-def make_core(num_blocks=64, block_size=4) -> SchedulerCore:
-    return SchedulerCore(SchedulerConfig(), num_blocks, block_size, 256)
+
+def make_core(num_blocks=64, block_size=4) -> GroupCore:
+    return GroupCore(SchedulerConfig(), num_blocks, block_size, 256)
 
 
 def make_job(job_id, prompt_len=5, max_tokens=4, now=0.0) -> Job:
@@ -43,9 +48,9 @@ def run_step(core, now, token=7):
     results = []
     for cmd in plan.commands:
         job = core.jobs[cmd.job_id]
-        done = job.num_computed + cmd.num_tokens
+        done = cmd.num_computed
         results.append(TokenResult(cmd.job_id, done, token if done == job.num_tokens else None))
-    updates = core.update(plan, StepResult(results, [], 0.01), now + 0.01)
+    updates = core.update(plan.step_id, StepResult(results, [], 0.01), now + 0.01)
     return [u.job for u in updates if u.finished]
 
 
@@ -68,7 +73,7 @@ def test_gauges_follow_the_cores_of_every_worker(metrics):
     run_step(busy, 0.0)
     busy.add(make_job(3), 1.0)
     busy.add(make_job(4), 1.0)
-    used = busy.allocator.num_used
+    used = busy.kv.allocator.num_used
     assert used >= 6
     metrics.bind([FakeLoop("w0:1", busy), FakeLoop("w1:1", idle, ready=False),
                   FakeLoop("w2:1", None, ready=False)])

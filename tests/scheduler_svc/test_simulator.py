@@ -12,7 +12,7 @@ import pytest
 from fastserve.cli import main as cli_main
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.cost_model import CostModel
-from scheduler_svc.core.policy import POLICIES
+from scheduler_svc.core.policies import POLICIES
 from scheduler_svc.sim import (
     SUMMARY_KEYS,
     RequestRecord,

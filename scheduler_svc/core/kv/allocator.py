@@ -14,7 +14,8 @@ class BlockAllocator:
 
     def __init__(self, num_blocks: int, block_size: int):
         if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks}, {block_size}")
+            raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks}, "
+                             f"{block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         # Popped from the end: low ids first, so a fresh pool hands out contiguous runs.

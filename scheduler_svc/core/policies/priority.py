@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.cost_model import CostModel
 from scheduler_svc.core.job import Job
-from scheduler_svc.core.policy import Policy, register
+from scheduler_svc.core.policies.base import Policy, register
 
 
 class _SortedPolicy(Policy):

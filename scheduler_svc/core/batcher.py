@@ -1,0 +1,238 @@
+"""One priority walk that forms a batch under the batch-size, token and KV-block budgets.
+
+The batch is the highest-priority jobs that fit, up to ``max_batch_size``. Decodes join at
+once; prefill chunks are sized afterwards from the token budget the decodes left, so a long
+prompt's prefill never pushes a higher-priority decode out of the batch. A job starts only
+when blocks for its whole prompt (and first token) are free above the watermark; a job that
+does not fit waits without blocking the jobs behind it, except under in-order admission
+(FCFS-like policies with a KV policy that moves KV, as in vLLM). When nothing at all fits,
+the oldest started job takes blocks from the newest (``_make_room``), so nothing deadlocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.contract import Command, NewJobSpec
+from scheduler_svc.core.job import Job, JobStatus
+from scheduler_svc.core.kv.allocator import blocks_for
+from scheduler_svc.core.kv.displace import Displacement
+from scheduler_svc.core.kv.ledger import KVLedger
+from scheduler_svc.core.kv.policies import KVPolicy
+from scheduler_svc.core.step_context import StepContext
+
+
+class Batcher:
+    def __init__(self, config: SchedulerConfig, ledger: KVLedger, kv_policy: KVPolicy):
+        self.config = config
+        self.ledger = ledger
+        self.kv_policy = kv_policy
+        self.watermark_blocks = int(config.watermark * ledger.allocator.num_blocks)
+
+    def form(self, step: StepContext, num_live: int, num_waiting: int) -> None:
+        """Fill ``step.plan`` with this Step's batch (and the swaps it needs)."""
+        plan, now, policy = step.plan, step.now, step.policy
+        ledger, kvp, config = self.ledger, self.kv_policy, self.config
+        order = policy.order(now)
+        chosen, rank, busy = step.chosen, step.rank, step.busy
+        budget = config.max_batched_tokens
+        holders_seen = 0
+        free = ledger.num_free
+        num_holding = len(ledger.holding)
+        # Once every job holding blocks has been seen, the rest can only run on free blocks:
+        # stop there if none can take them (a long queue then costs nothing per iteration).
+        evicted = num_live - num_waiting - num_holding
+        stuck = free == 0 or (free <= self.watermark_blocks and evicted == 0)
+        prefills: list[Job] = []
+        bs = ledger.block_size
+        space = Displacement(kvp, ledger, step) if kvp.may_evict() else None
+        # A new job that must displace paused jobs takes a batch slot only while the blocks of
+        # the holders behind it (and, when swapping, the store's room) can cover every such
+        # job so far: otherwise jobs that cannot start would fill the batch's slots and stop
+        # the walk before the paused jobs that could run.
+        displaceable = ledger.allocator.num_used - ledger.num_outgoing()
+        claimed = 0
+        # Under a policy whose arrivals never outrank started jobs (FCFS, RTC) and a KV policy
+        # that moves or drops KV, admission is in order, as in vLLM: once a new job does not
+        # fit, the new jobs behind it wait too, and no new job displaces a started one.
+        # Otherwise younger jobs take the blocks the older one waits for, and it displaces
+        # them mid-decode (measured: 8,000 offloads for 1,000 requests, 12x the mean JCT).
+        # Under defer nothing is displaced, so a job that fits may go ahead of one that waits.
+        strict = not policy.arrivals_preempt and kvp.displaces
+        admission_closed = False
+        max_batch = config.max_batch_size
+        commands = plan.commands
+        for job in order:
+            if len(commands) + len(prefills) >= max_batch or budget <= 0:
+                break
+            if busy and job.job_id in busy:
+                continue  # in a plan still in flight: at most one plan at a time
+            rank[job.job_id] = len(rank)
+            kv = job.kv
+            if kv.blocks:
+                holders_seen += 1
+                displaceable -= len(kv.blocks)
+            elif stuck and holders_seen == num_holding:
+                break
+            if kv.stored:  # offloaded: swapped in now, in the Step that runs it
+                n = 1 if job.num_pending == 1 else min(job.num_pending, budget)
+                need = blocks_for(kv.num_computed + n, bs)
+                # Reactive swapping makes room here, on the critical path; the proactive
+                # planner makes its exchanges ahead of time, by ENST, and only fills free
+                # blocks here.
+                if need > ledger.num_free and space is not None and not kvp.plans_ahead:
+                    space.make(job, need - ledger.num_free, ())
+                if need > ledger.free_for(job):
+                    continue
+                ledger.swap_in(job, plan)
+                if job.num_pending > 1:
+                    prefills.append(job)
+                    continue
+                self._add(job, 1, step)
+            elif job.num_pending > 1:
+                n = min(job.num_pending, budget)
+                # A new job may push lower-priority paused jobs out (that is what lets a short
+                # arrival overtake long paused ones), once its chunk is sized below; a started
+                # job growing by a block waits instead (the last resort keeps the oldest moving).
+                if admission_closed and not job.started:
+                    continue
+                if self._fit(job, n) > 0:
+                    prefills.append(job)
+                elif strict and not job.started:
+                    admission_closed = True
+                elif space is not None and not job.started:
+                    short = self._short(job, n)
+                    room = kvp.new_job_room(displaceable, step.iteration_s)
+                    if claimed + short <= room:
+                        claimed += short
+                        prefills.append(job)
+                continue
+            elif job.num_pending == 1:
+                if kv.on_worker and kv.num_computed < len(kv.blocks) * bs:
+                    # The common case, kept lean for long simulations: a decode whose next
+                    # token fits the blocks it holds (what _add would do, minus the
+                    # allocation and first-schedule bookkeeping it cannot need).
+                    commands.append(Command(job.job_id, 1, [], kv.num_computed + 1, True))
+                    plan.num_batched_tokens += 1
+                    job.last_scheduled_time = now
+                elif self._fit(job, 1) > 0:
+                    self._add(job, 1, step)
+                else:
+                    continue
+            else:
+                continue
+            chosen.add(job.job_id)
+            budget -= 1
+        in_prefill = {j.job_id for j in prefills}
+        for job in prefills:
+            n = self._fit(job, min(job.num_pending, budget))
+            if n == 0 and budget > 0 and space is not None and not job.started and not strict:
+                space.make(job, self._short(job, budget), in_prefill)
+                n = self._fit(job, min(job.num_pending, budget))
+            if n > 0:
+                self._add(job, n, step)
+                chosen.add(job.job_id)
+                budget -= n
+        # Priority order (for the policy's head return).
+        plan.commands = sorted(commands, key=lambda c: rank[c.job_id])
+        if not plan.commands:
+            self._make_room(policy.order(now), budget, step)
+        else:
+            kvp.after_batch(step)
+
+    def _short(self, job: Job, n: int) -> int:
+        """Free blocks ``job`` lacks to compute ``n`` tokens (new jobs: with the watermark)."""
+        ledger = self.ledger
+        if not job.started:
+            reserve = self.watermark_blocks if ledger.holding else 0
+            need = blocks_for(job.num_tokens + 1, ledger.block_size) + reserve
+        else:
+            need = blocks_for(job.kv.num_computed + n, ledger.block_size) - len(job.kv.blocks)
+        return max(need - ledger.free_for(job), 0)
+
+    def _fit(self, job: Job, n: int) -> int:
+        """How many of ``n`` tokens ``job`` can compute given free blocks (0 = it waits).
+
+        A job starts only when blocks for its whole prompt (and its first token) are free above
+        the watermark, and they are reserved at once: jobs that cannot finish their prefill
+        never pile up half-computed, and running jobs can still grow. A started job that lost
+        its KV takes what is free, chunk by chunk.
+        """
+        if n <= 0:
+            return 0
+        ledger = self.ledger
+        if not job.started:
+            need = blocks_for(job.num_tokens + 1, ledger.block_size)
+            # The watermark is for running jobs to grow into; with none, a prompt as long as
+            # the pool may use it all.
+            reserve = self.watermark_blocks if ledger.holding else 0
+            return n if need <= ledger.free_for(job) - reserve else 0
+        bs = ledger.block_size
+        kv = job.kv
+        need = blocks_for(kv.num_computed + n, bs) - len(kv.blocks)
+        if need > ledger.num_free:
+            n = (len(kv.blocks) + ledger.num_free) * bs - kv.num_computed
+            if n <= 0 or job.num_pending == 1:
+                return 0
+        return n
+
+    def _add(self, job: Job, n: int, step: StepContext) -> None:
+        """Put ``job`` in the batch for ``n`` tokens, with the blocks they need."""
+        kv, plan, now = job.kv, step.plan, step.now
+        tokens = kv.num_computed + n if job.started else max(kv.num_computed + n,
+                                                             job.num_tokens + 1)
+        need = blocks_for(tokens, self.ledger.block_size) - len(kv.blocks)
+        new_blocks = self.ledger.grow(job, max(need, 0))
+        done = kv.num_computed + n
+        samples = done == job.num_tokens
+        if kv.on_worker:
+            plan.commands.append(Command(job.job_id, n, new_blocks, done, samples))
+        else:
+            plan.new_jobs.append(NewJobSpec(job.job_id, job.prompt, list(job.output),
+                                            job.sampling, list(kv.blocks)))
+            plan.commands.append(Command(job.job_id, n, [], done, samples))
+            kv.on_worker = True
+        if job.first_scheduled_time is None:
+            step.started.append(job)
+            job.first_scheduled_time = now
+            job.status = JobStatus.RUNNING
+        job.last_scheduled_time = now
+        plan.num_batched_tokens += n
+
+    def _make_room(self, order: Iterable[Job], budget: int, step: StepContext) -> None:
+        """Nothing fits: the oldest started job takes blocks from the newest ones (offloaded
+        when the store has room, else their KV is dropped and recomputed later), vLLM-style.
+
+        Only here, when the batch would otherwise be empty, so a job holding blocks keeps
+        running while others wait; and by age, not by the policy's (changing) priorities, so
+        the oldest job never loses its KV and always progresses: jobs cannot evict each other
+        in turn forever.
+        """
+        busy = step.busy
+        started = [j for j in order
+                   if j.started and j.num_pending > 0 and j.job_id not in busy]
+        if not started:
+            return
+        def age(j: Job) -> tuple[float, int]:
+            return (j.arrival_time, j.job_id)
+
+        oldest = min(started, key=age)
+        ledger, plan = self.ledger, step.plan
+        victims = sorted((j for j in ledger.holding.values()
+                          if j is not oldest and j.job_id not in busy), key=age, reverse=True)
+        n = min(oldest.num_pending, budget)
+        bs = ledger.block_size
+        need = blocks_for(oldest.kv.num_computed + n, bs) - len(oldest.kv.blocks)
+        for victim in victims:
+            if need <= ledger.num_free:
+                break
+            self.kv_policy.evict(victim, plan, drop_ok=True)
+        if oldest.kv.stored:
+            if blocks_for(oldest.kv.num_computed + n, bs) > ledger.num_free:
+                return
+            ledger.swap_in(oldest, plan)
+        n = self._fit(oldest, n)
+        if n > 0:
+            self._add(oldest, n, step)
+            step.chosen.add(oldest.job_id)

@@ -1,0 +1,119 @@
+"""What a group core hands its worker loop and gets back: plans, results, updates, stats.
+
+Plans and results name jobs by id and carry a ``step_id``, never ``Job`` objects, so the same
+types cross a wire (``scheduler_svc/wire.py``), a simulated worker (``sim/``) or a test double.
+Lists of ints throughout: nothing here depends on gRPC.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scheduler_svc.core.job import Job, Sampling
+
+
+@dataclass
+class NewJobSpec:
+    """A job the worker has not seen: its tokens so far, sampling and first block table."""
+
+    job_id: int
+    prompt: list[int]
+    output: list[int]
+    sampling: Sampling
+    block_ids: list[int]
+
+
+@dataclass
+class Command:
+    """Compute ``num_tokens`` more tokens of a job, after appending ``append_block_ids``."""
+
+    job_id: int
+    num_tokens: int
+    append_block_ids: list[int]
+    # Tokens whose KV the job holds once this command ran; the job samples its next token when
+    # that is every token it has (a prefill split in chunks samples after its last one).
+    num_computed: int = 0
+    samples: bool = False
+
+
+@dataclass
+class SwapIn:
+    job_id: int
+    block_ids: list[int]  # the job's new block table: blocks_for(num_computed) blocks
+    stored: int = 0  # store blocks the upload releases once confirmed
+
+
+@dataclass
+class StepPlan:
+    """One iteration for the worker. ``commands`` is the batch, highest priority first."""
+
+    step_id: int = 0
+    new_jobs: list[NewJobSpec] = field(default_factory=list)
+    commands: list[Command] = field(default_factory=list)
+    free_job_ids: list[int] = field(default_factory=list)
+    swap_out: list[int] = field(default_factory=list)  # job ids
+    swap_in: list[SwapIn] = field(default_factory=list)
+    num_batched_tokens: int = 0
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.commands)
+
+
+@dataclass
+class TokenResult:
+    job_id: int
+    num_computed: int
+    token_id: int | None = None
+    logprob: float | None = None
+
+
+@dataclass
+class StepResult:
+    results: list[TokenResult] = field(default_factory=list)
+    errors: list[tuple[int, str]] = field(default_factory=list)  # (job_id, message)
+    compute_time_s: float = 0.0
+    # Jobs whose KV the worker lost (a swap failed) and forgot: recomputed, not failed.
+    kv_lost: list[int] = field(default_factory=list)
+    # Swap-outs the worker refused (store full or unreachable): the job stays on the device.
+    swap_refused: list[int] = field(default_factory=list)
+    # Time this iteration waited for its own jobs' swaps.
+    swap_wait_s: float = 0.0
+
+
+@dataclass
+class JobUpdate:
+    """What one iteration changed for one job, for streaming to its client (the job itself
+    goes with it: the stream reads its request id, output and finish reason)."""
+
+    job: Job
+    token_ids: list[int]
+    logprobs: list[float]
+    finished: bool
+
+
+@dataclass
+class Stats:
+    """A snapshot of one group core, taken by its loop after each update."""
+
+    policy: str
+    queues: list[tuple[str, int]]
+    num_running: int
+    num_waiting: int
+    num_blocks: int
+    num_used_blocks: int
+    num_iterations: int
+    num_preemptions: int  # a job that ran in one iteration left out of the next, unfinished
+    num_recomputes: int  # a job whose KV was dropped to make room, to be recomputed
+    num_demotions: int
+    num_promotions: int
+    num_finished: dict[str, int]
+    kv_policy: str = ""
+    store_blocks: int = 0  # the KV store's capacity for this worker group (0: no store)
+    store_used_blocks: int = 0
+    num_offloaded: int = 0  # live jobs whose KV is in the store
+    num_swap_outs: int = 0
+    num_swap_ins: int = 0
+    num_kv_lost: int = 0  # swaps that failed on the worker (the job was recomputed)
+    swap_wait_s: float = 0.0
+    num_in_flight: int = 0  # plans handed out and not answered yet

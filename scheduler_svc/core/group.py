@@ -1,0 +1,266 @@
+"""The scheduling core of one worker group: admit and finish jobs, ``schedule(now)`` a plan,
+``update(step_id, result, now)`` when its answer comes back.
+
+Up to ``pipeline_depth`` plans may be in flight at once (a pipeline of P stages keeps P
+batches moving); a job is in at most one of them. ``schedule()`` advances what it plans
+(computed tokens, blocks) when it hands the plan out, as vLLM V1's scheduler does, and
+``update()`` settles exactly the plan its ``step_id`` names, in any order; an unknown step id
+is refused.
+
+Blocks returned while a Step is in flight are safe to reuse in the next Step because the
+worker runs Steps in order and applies ``free_job_ids`` before ``new_jobs`` and ``commands``;
+blocks of a job swapped out are reusable once the Step that swaps it out has answered
+(``kv/ledger.py``). Who holds which block is the ledger's; what happens to paused jobs' KV is
+the KV policy's (``kv/policies.py``); the batch is the batcher's (``batcher.py``).
+"""
+
+from __future__ import annotations
+
+from scheduler_svc.core.batcher import Batcher
+from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.contract import JobUpdate, Stats, StepPlan, StepResult
+from scheduler_svc.core.cost_model import CostModel
+from scheduler_svc.core.job import Job, JobStatus, Placement
+from scheduler_svc.core.kv.ledger import KVLedger
+from scheduler_svc.core.kv.policies import make_kv_policy
+from scheduler_svc.core.policies import Policy, make_policy
+from scheduler_svc.core.step_context import StepContext
+
+
+class UnknownStep(ValueError):
+    """A result for a step id that is not in flight."""
+
+
+class GroupCore:
+    """Jobs, blocks and batches for one worker group. Single-threaded: its loop owns it."""
+
+    def __init__(self, config: SchedulerConfig, num_blocks: int, block_size: int,
+                 max_context: int, policy: Policy | None = None,
+                 cost_model: CostModel | None = None, store_blocks: int = 0,
+                 pipeline_depth: int = 1):
+        if pipeline_depth < 1:
+            raise ValueError(f"pipeline_depth must be >= 1, got {pipeline_depth}")
+        self.config = config
+        self.max_context = max_context
+        self.cost_model = cost_model
+        self.pipeline_depth = pipeline_depth
+        self.policy = policy or make_policy(config, cost_model)
+        self.kv = KVLedger(num_blocks, block_size, store_blocks, cost_model)
+        self.kv_policy = make_kv_policy(config, self.kv)
+        self.batcher = Batcher(config, self.kv, self.kv_policy)
+        self.jobs: dict[int, Job] = {}
+        self._pending_frees: list[int] = []
+        self._num_waiting = 0  # live jobs never scheduled
+        self.num_iterations = 0
+        self.num_preemptions = 0
+        self.num_finished: dict[str, int] = {}
+        self._last_batch: set[int] = set()
+        self._last_iteration_s = cost_model.min_iteration_time if cost_model else 0.05
+        self.swap_wait_s = 0.0
+        self._next_step_id = 0
+        self._in_flight: dict[int, StepPlan] = {}
+        self._busy: set[int] = set()  # jobs in the plans in flight
+
+    # ---- admission and termination -------------------------------------------------------
+    @property
+    def num_waiting(self) -> int:
+        return self._num_waiting
+
+    @property
+    def num_running(self) -> int:
+        return len(self.jobs) - self._num_waiting
+
+    @property
+    def block_size(self) -> int:
+        return self.kv.block_size
+
+    def can_admit(self) -> bool:
+        return self._num_waiting < self.config.max_waiting
+
+    def add(self, job: Job, now: float) -> None:
+        assert job.job_id not in self.jobs, f"duplicate job id {job.job_id}"
+        assert job.num_tokens < self.max_context
+        self.jobs[job.job_id] = job
+        self._num_waiting += not job.started
+        self.policy.add(job, now)
+        self.kv_policy.on_arrival(job, now)
+
+    def finish(self, job: Job, status: JobStatus, now: float, error: str = "") -> None:
+        """End a live job: release its blocks now and free it on the worker next Step."""
+        assert status.finished
+        if job.status.finished:
+            return
+        self._num_waiting -= not job.started
+        job.status = status
+        job.finish_time = now
+        job.error = error
+        self.kv.release(job)
+        self.kv.unstore(job)  # the worker frees its store handles with the job
+        if job.kv.on_worker:
+            self._pending_frees.append(job.job_id)
+            job.kv.on_worker = False
+        self.policy.remove(job)
+        del self.jobs[job.job_id]
+        reason = job.finish_reason or "error"
+        self.num_finished[reason] = self.num_finished.get(reason, 0) + 1
+
+    def cancel(self, job_id: int, now: float) -> Job | None:
+        job = self.jobs.get(job_id)
+        if job is not None:
+            self.finish(job, JobStatus.CANCELLED, now)
+        return job
+
+    def fail_all(self, error: str, now: float) -> list[Job]:
+        """The worker is gone: every live job fails; nothing is left to free on it."""
+        failed = list(self.jobs.values())
+        for job in failed:
+            job.kv.on_worker = False
+            job.worker_lost = True
+            self.finish(job, JobStatus.FAILED, now, error)
+        self._pending_frees.clear()
+        self.kv.forget_outgoing()  # Steps that never answered
+        self._in_flight.clear()
+        self._busy.clear()
+        return failed
+
+    def detach(self, job: Job) -> None:
+        """Take a live job out of this group, KV and all, so another group can run it (its
+        prompt and output stay; its placement starts over)."""
+        assert job.job_id not in self._busy, "a job in a plan in flight cannot leave"
+        self._num_waiting -= not job.started
+        self.kv.release(job)
+        self.kv.unstore(job)
+        if job.kv.on_worker:
+            self._pending_frees.append(job.job_id)
+        self.policy.remove(job)
+        del self.jobs[job.job_id]
+        job.kv = Placement()
+
+    # ---- one iteration -------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return bool(self.jobs) or bool(self._pending_frees)
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def schedule(self, now: float) -> StepPlan | None:
+        """The next iteration's plan, or None when there is nothing to send (or already
+        ``pipeline_depth`` plans in flight)."""
+        if len(self._in_flight) >= self.pipeline_depth:
+            return None
+        plan = StepPlan(free_job_ids=self._pending_frees)
+        self._pending_frees = []
+        self.kv.begin_step(now)
+        step = StepContext(now, plan, self.policy, self._last_iteration_s,
+                           max(1, min(self.config.max_batch_size, len(self._last_batch))),
+                           busy=self._busy)
+        self.batcher.form(step, len(self.jobs), self._num_waiting)
+        self._num_waiting -= len(step.started)
+        chosen = step.chosen
+        self.num_preemptions += sum(1 for j in self._last_batch
+                                    if j not in chosen and j in self.jobs)
+        self._last_batch = chosen
+        self.kv.end_step()
+        if not (plan.commands or plan.free_job_ids or plan.swap_out or plan.swap_in):
+            return None
+        jobs = self.jobs
+        for c in plan.commands:  # what is planned counts as computed from now on
+            jobs[c.job_id].kv.num_computed = c.num_computed
+        self._next_step_id += 1
+        plan.step_id = self._next_step_id
+        self._in_flight[plan.step_id] = plan
+        if self.pipeline_depth > 1:
+            self._busy.update(chosen, plan.swap_out, (s.job_id for s in plan.swap_in))
+        return plan
+
+    def update(self, step_id: int, result: StepResult, now: float) -> list[JobUpdate]:
+        """Apply the worker's answer to the plan ``step_id``: append tokens, finish jobs,
+        charge service. Raises ``UnknownStep`` for a step id not in flight."""
+        plan = self._in_flight.pop(step_id, None)
+        if plan is None:
+            raise UnknownStep(f"step id {step_id} is not in flight "
+                              f"(in flight: {sorted(self._in_flight) or 'none'})")
+        if self._busy:
+            self._busy.difference_update(
+                [c.job_id for c in plan.commands] + plan.swap_out
+                + [s.job_id for s in plan.swap_in])
+        self.num_iterations += 1
+        if plan.commands and result.compute_time_s > 0:
+            self._last_iteration_s = result.compute_time_s
+        self.swap_wait_s += result.swap_wait_s
+        refused = self.kv.settle(plan, result, now, self.jobs)
+        updates: list[JobUpdate] = []
+        lost = set(result.kv_lost)
+        for job_id, message in result.errors:
+            # A refused swap-out leaves the job as it was; a job whose KV was lost was forgotten
+            # by the worker, so its other entries in the same Step (a command after a failed
+            # swap-in: NOT_FOUND) are explained by the loss and it is recomputed.
+            if job_id in refused or job_id in lost:
+                continue
+            job = self.jobs.get(job_id)
+            if job is not None:
+                self.finish(job, JobStatus.FAILED, now, f"worker: {message}")
+                updates.append(JobUpdate(job, [], [], True))
+        jobs = self.jobs
+        for r in result.results:
+            job = jobs.get(r.job_id)
+            if job is None:  # cancelled while the step ran
+                continue
+            job.kv.num_computed = r.num_computed
+            if r.token_id is None:
+                continue
+            job.output.append(r.token_id)
+            if job.first_token_time is None:
+                job.first_token_time = now
+            status = self._finish_status(job)
+            if status is not None:
+                self.finish(job, status, now)
+            updates.append(JobUpdate(job, [r.token_id], [r.logprob or 0.0], job.status.finished))
+        ran = [job for c in plan.commands
+               if (job := jobs.get(c.job_id)) is not None and not job.status.finished]
+        self.policy.on_iteration(ran, result.compute_time_s, now)
+        return updates
+
+    def _finish_status(self, job: Job) -> JobStatus | None:
+        if not job.ignore_eos and job.output[-1] in job.eos_token_ids:
+            return JobStatus.FINISHED_STOPPED
+        if len(job.output) >= job.max_tokens or job.num_tokens >= self.max_context:
+            return JobStatus.FINISHED_LENGTH
+        return None
+
+    def stats(self) -> Stats:
+        kv = self.kv
+        return Stats(
+            policy=self.policy.name,
+            queues=self.policy.queues(),
+            num_running=self.num_running,
+            num_waiting=self.num_waiting,
+            num_blocks=kv.allocator.num_blocks,
+            num_used_blocks=kv.allocator.num_used,
+            num_iterations=self.num_iterations,
+            num_preemptions=self.num_preemptions,
+            num_recomputes=kv.num_recomputes,
+            num_demotions=self.policy.num_demotions,
+            num_promotions=self.policy.num_promotions,
+            num_finished=dict(self.num_finished),
+            kv_policy=self.kv_policy.name,
+            store_blocks=kv.store_blocks,
+            store_used_blocks=kv.store_used,
+            num_offloaded=len(kv.offloaded),
+            num_swap_outs=kv.num_swap_outs,
+            num_swap_ins=kv.num_swap_ins,
+            num_kv_lost=kv.num_kv_lost,
+            swap_wait_s=self.swap_wait_s,
+            num_in_flight=len(self._in_flight),
+        )
+
+    def check_invariants(self) -> None:
+        """Free + held == total, no block held twice, no job in two plans in flight."""
+        assert self._num_waiting == sum(1 for j in self.jobs.values() if not j.started)
+        self.kv.check(self.jobs.values())
+        seen: set[int] = set()
+        for plan in self._in_flight.values():
+            ids = [c.job_id for c in plan.commands]
+            assert not seen.intersection(ids), "a job is in two plans in flight"
+            seen.update(ids)

@@ -1,0 +1,80 @@
+"""Room for a job that does not fit: the lower-priority paused jobs whose blocks it may take."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from scheduler_svc.core.job import Job
+from scheduler_svc.core.kv.ledger import KVLedger
+from scheduler_svc.core.kv.policies import KVPolicy
+from scheduler_svc.core.step_context import StepContext
+
+
+class Displacement:
+    """Candidates are the jobs holding device blocks that rank below the job asking in this
+    Step's priority walk (or that it has not reached), outside the batch, largest ENST first.
+    Built on first use, at most once per Step; a request larger than everything evictable marks
+    that size as hopeless for the rest of the Step, so a long queue of jobs that cannot fit
+    costs little.
+    """
+
+    def __init__(self, kv_policy: KVPolicy, ledger: KVLedger, step: StepContext):
+        self.kv_policy = kv_policy
+        self.ledger = ledger
+        self.step = step
+        self._victims: list[Job] | None = None
+        self._enst: dict[int, float] = {}
+        self._hopeless = float("inf")
+
+    def make(self, job: Job, short: int, keep: Iterable[int]) -> None:
+        """Evict until ``short`` more blocks are free, or evict nothing if that cannot be done.
+
+        Victims go to the store when the policy swaps; only a dropping policy drops their KV.
+        With the store full, nobody is displaced: new prefills and reactive uploads wait (the
+        batcher's last resort keeps the oldest job moving).
+        """
+        if short <= 0 or short >= self._hopeless:
+            return
+        step, ledger = self.step, self.ledger
+        if self._victims is None:
+            self._enst = step.enst()
+            busy = step.busy
+            self._victims = sorted((v for v in ledger.holding.values() if v.job_id not in busy),
+                                   key=lambda j: self._enst.get(j.job_id, 0.0), reverse=True)
+        swaps = self.kv_policy.swapping()
+        drops = self.kv_policy.drops
+        seen = step.rank
+        rank = seen[job.job_id]
+        self._victims = [v for v in self._victims
+                         if v.kv.blocks and seen.get(v.job_id, rank + 1) > rank]
+        picked, total, room = [], 0, ledger.store_free()
+        chosen = step.chosen
+        for v in self._victims:
+            if v.job_id in chosen or v.job_id in keep:
+                continue
+            n = len(v.kv.blocks)
+            # An offload pays when the victim's round trip is over before it runs again.
+            if (swaps and ledger.swappable(v) and n <= room
+                    and self._enst.get(v.job_id, 0.0) > 2 * ledger.copies.seconds(n)):
+                room -= n
+            elif not drops:
+                continue
+            picked.append(v)
+            total += n
+            if total >= short:
+                break
+        if total < short:
+            self._hopeless = short
+            return
+        offloaded = 0
+        plan = step.plan
+        for v in picked:
+            n = len(v.kv.blocks)
+            if self.kv_policy.evict(v, plan, drop_ok=drops) and v.kv.stored:
+                offloaded += n
+        if offloaded and not job.started:
+            ledger.claim(job, offloaded)
+        if plan.swap_out:
+            # Offloaded blocks are reusable from the next Step on (KVLedger.swap_out): the job
+            # asking starts then, and nobody else evicts for blocks already on their way.
+            self._hopeless = 0

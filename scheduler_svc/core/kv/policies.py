@@ -1,0 +1,193 @@
+"""What happens to paused jobs' KV when device blocks run short (FastServe section 3).
+
+Four policies behind one interface; the batcher asks them, never their names:
+- ``proactive``: after the batch is formed, offload the paused jobs with the largest
+  Estimated Next Scheduled Time while free blocks are under a headroom kept for arrivals, and
+  upload the offloaded jobs whose ENST is within two iterations, so their copy overlaps this
+  iteration's compute;
+- ``reactive``: a paused job is swapped out only when a higher-priority job needs its blocks,
+  and back in when it is scheduled (the copy on the critical path);
+- ``recompute``: a paused job's KV is dropped when a higher-priority job needs its blocks;
+- ``defer``: paused jobs keep their KV; new jobs wait for free blocks.
+Without a store up, the swapping policies keep paused KV where it is.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import ClassVar
+
+from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.contract import StepPlan
+from scheduler_svc.core.job import Job
+from scheduler_svc.core.kv.allocator import blocks_for
+from scheduler_svc.core.kv.ledger import KVLedger
+from scheduler_svc.core.step_context import StepContext
+
+KV_POLICY_CLASSES: dict[str, type[KVPolicy]] = {}
+
+
+def make_kv_policy(config: SchedulerConfig, ledger: KVLedger) -> KVPolicy:
+    try:
+        cls = KV_POLICY_CLASSES[config.kv_policy]
+    except KeyError:
+        raise ValueError(f"scheduler kv_policy must be one of {sorted(KV_POLICY_CLASSES)}, "
+                         f"got {config.kv_policy!r}") from None
+    return cls(config, ledger)
+
+
+class KVPolicy:
+    name: ClassVar[str]
+    swaps: ClassVar[bool] = False  # paused jobs' KV goes to the store (when one is up)
+    drops: ClassVar[bool] = False  # paused jobs' KV is dropped, to be recomputed
+    # Whether a job that does not fit may take paused jobs' blocks at all.
+    displaces: ClassVar[bool] = True
+    # Whether exchanges are planned ahead by ENST (after the batch is formed) rather than made
+    # on the critical path when an offloaded job is scheduled.
+    plans_ahead: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        KV_POLICY_CLASSES[cls.name] = cls
+
+    def __init__(self, config: SchedulerConfig, ledger: KVLedger):
+        self.config = config
+        self.ledger = ledger
+
+    def swapping(self) -> bool:
+        """Whether paused jobs' KV moves to the store now (a swapping policy, the store up)."""
+        return self.swaps and self.ledger.store_up
+
+    def may_evict(self) -> bool:
+        """Whether a job that does not fit may take a lower-priority paused job's blocks."""
+        return self.drops or self.swapping()
+
+    def evict(self, victim: Job, plan: StepPlan, drop_ok: bool) -> bool:
+        """Free ``victim``'s device blocks: offload when swapping and the store has room, else
+        drop its KV when this policy drops or ``drop_ok``. Whether its blocks were freed."""
+        ledger = self.ledger
+        if (self.swapping() and ledger.swappable(victim)
+                and len(victim.kv.blocks) <= ledger.store_free()):
+            ledger.swap_out(victim, plan)
+            return True
+        if self.drops or drop_ok:
+            ledger.drop(victim, plan)
+            return True
+        return False
+
+    def new_job_room(self, displaceable: int, iteration_s: float) -> int:
+        """Blocks new jobs of this Step may displace from paused jobs, in all."""
+        if self.drops:
+            return displaceable
+        if self.ledger.copies.backlog() <= 2 * iteration_s:
+            return min(displaceable, self.ledger.store_free())
+        return 0  # the copy engine is busy: no displacement this Step
+
+    def on_arrival(self, job: Job, now: float) -> None:
+        """A job was admitted."""
+
+    def after_batch(self, step: StepContext) -> None:
+        """The batch is formed: exchanges planned ahead go into ``step.plan`` here."""
+
+
+class Reactive(KVPolicy):
+    name = "reactive"
+    swaps = True
+
+
+class Recompute(KVPolicy):
+    name = "recompute"
+    drops = True
+
+
+class Defer(KVPolicy):
+    name = "defer"
+    displaces = False
+
+
+class Proactive(KVPolicy):
+    """Offload and upload by ENST, issued one iteration ahead of need."""
+
+    name = "proactive"
+    swaps = True
+    plans_ahead = True
+
+    def __init__(self, config: SchedulerConfig, ledger: KVLedger):
+        super().__init__(config, ledger)
+        self._arrivals: deque[tuple[float, int]] = deque()  # (time, prompt blocks)
+
+    def on_arrival(self, job: Job, now: float) -> None:
+        arrivals = self._arrivals
+        arrivals.append((now, blocks_for(job.num_tokens + 1, self.ledger.block_size)))
+        while arrivals[0][0] < now - self.config.kv_headroom_window_s:
+            arrivals.popleft()
+
+    def headroom(self, now: float, arrivals_preempt: bool) -> int:
+        """Free blocks to keep for arrivals: the prompts of the last headroom window (none
+        when arrivals never rank ahead of started jobs: they queue behind them anyway)."""
+        if not arrivals_preempt:
+            return 0
+        arrivals = self._arrivals
+        horizon = now - self.config.kv_headroom_window_s
+        while arrivals and arrivals[0][0] < horizon:
+            arrivals.popleft()
+        cap = int(self.config.kv_headroom_max * self.ledger.allocator.num_blocks)
+        return min(sum(b for _, b in arrivals), cap)
+
+    def after_batch(self, step: StepContext) -> None:
+        if not self.ledger.store_up:
+            return
+        ledger, plan = self.ledger, step.plan
+        headroom = self.headroom(step.now, step.policy.arrivals_preempt)
+        if not ledger.offloaded and ledger.num_free >= headroom:
+            return
+        enst = step.enst()
+        soon = 2.0 * step.iteration_s  # uploads start this far ahead (the copy overlaps)
+        # Offload only jobs that will not run for a while: a job moved out and straight back
+        # costs two copies and gains nothing. With a cost model that prices swaps, "a while"
+        # also covers the round trip of the job's own KV.
+        later = 4.0 * soon
+        swap_s = ledger.copies.seconds
+        busy = step.chosen | set(plan.swap_out) | step.busy
+        # Paused device jobs, largest ENST first: the ones to offload.
+        paused = sorted((j for j in ledger.holding.values()
+                         if j.job_id not in busy and ledger.swappable(j)),
+                        key=lambda j: enst.get(j.job_id, 0.0), reverse=True)
+        bs = ledger.block_size
+        # Blocks of this Step's offloads: free from the next Step on (see KVLedger.swap_out).
+        freeing = sum(ledger.num_outgoing(jid) for jid in plan.swap_out)
+
+        def offload_ok(victim: Job, after: float) -> bool:
+            # It runs after ``after`` and its round trip, the store can take it, and the copy
+            # engine is not already busy past the next iterations (offloads queued beyond that
+            # only delay the uploads behind them).
+            return (enst.get(victim.job_id, 0.0) > after + 2 * swap_s(len(victim.kv.blocks))
+                    and len(victim.kv.blocks) <= ledger.store_free()
+                    and ledger.copies.backlog() <= soon)
+
+        for job in sorted(ledger.offloaded.values(), key=lambda j: enst.get(j.job_id, 0.0)):
+            if job.job_id in busy:
+                continue  # offloaded in this very Step: not back before the result confirms it
+            t = enst.get(job.job_id, float("inf"))
+            if t > soon + swap_s(job.kv.stored):
+                continue
+            need = blocks_for(job.kv.num_computed + 1, bs)
+            # Make room by offloading paused jobs that will run later than this one.
+            free = ledger.num_free - ledger.num_reserved()
+            while free + freeing < need and paused:
+                if not offload_ok(paused[0], max(t, later)):
+                    break
+                victim = paused.pop(0)
+                freeing += len(victim.kv.blocks)
+                ledger.swap_out(victim, plan)
+            if free < need:
+                break  # room is on its way (or cannot be made): upload from a later Step
+            ledger.swap_in(job, plan)
+            busy.add(job.job_id)
+        # Restore the headroom with the paused jobs that will not run soon.
+        for victim in paused:
+            if ledger.num_free + freeing >= headroom:
+                break
+            if offload_ok(victim, later):
+                freeing += len(victim.kv.blocks)
+                ledger.swap_out(victim, plan)

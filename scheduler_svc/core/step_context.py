@@ -1,0 +1,28 @@
+"""What one ``schedule()`` call knows while it forms a plan: shared by the batcher and the KV
+policies, built fresh for every Step and dropped after it."""
+
+from __future__ import annotations
+
+from collections.abc import Set
+from dataclasses import dataclass, field
+
+from scheduler_svc.core.contract import StepPlan
+from scheduler_svc.core.job import Job
+from scheduler_svc.core.policies import Policy
+
+
+@dataclass
+class StepContext:
+    now: float
+    plan: StepPlan
+    policy: Policy
+    iteration_s: float  # the last iteration's compute time: ENST's unit
+    batch_estimate: int  # jobs per iteration for ENST
+    busy: Set[int] = frozenset()  # jobs in plans still in flight: not planned again
+    chosen: set[int] = field(default_factory=set)  # jobs in this plan's batch
+    rank: dict[int, int] = field(default_factory=dict)  # position in this Step's priority walk
+    started: list[Job] = field(default_factory=list)  # jobs scheduled for the first time
+
+    def enst(self) -> dict[int, float]:
+        """Estimated Next Scheduled Time of every live job, seconds from now (the policy's)."""
+        return self.policy.enst(self.now, self.batch_estimate, self.iteration_s)

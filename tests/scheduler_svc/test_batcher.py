@@ -1,0 +1,47 @@
+"""The batcher's budgets on random job sets: batch size, tokens per iteration, KV blocks, and
+blocks that cover every command's tokens."""
+
+from __future__ import annotations
+
+from core_driver import BS, LINEAR, make_job
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.contract import StepResult, TokenResult
+from scheduler_svc.core.group import GroupCore
+from scheduler_svc.core.kv.allocator import blocks_for
+
+JOBS = st.lists(st.tuples(st.integers(1, 60), st.integers(1, 8)), min_size=1, max_size=20)
+
+
+@settings(max_examples=80, deadline=None)
+@given(JOBS, st.integers(1, 6), st.integers(1, 64), st.integers(8, 64),
+       st.sampled_from(["fcfs", "fixed-priority", "mlfq"]),
+       st.sampled_from(["recompute", "defer"]))
+def test_every_plan_keeps_its_budgets(jobs, max_batch, max_tokens, num_blocks, policy, kv):
+    config = SchedulerConfig(policy=policy, kv_policy=kv, max_batch_size=max_batch,
+                             max_batched_tokens=max_tokens)
+    core = GroupCore(config, num_blocks, BS, num_blocks * BS, cost_model=LINEAR)
+    for i, (prompt, out) in enumerate(jobs):
+        if prompt + 1 < num_blocks * BS:
+            core.add(make_job(i, prompt_len=prompt, max_tokens=out), 0.0)
+    t = 0.0
+    for _ in range(2000):
+        if not core.has_work():
+            break
+        plan = core.schedule(t)
+        assert plan is not None
+        assert len(plan.commands) <= max_batch
+        assert plan.num_batched_tokens == sum(c.num_tokens for c in plan.commands) <= max_tokens
+        assert len({c.job_id for c in plan.commands}) == len(plan.commands)
+        assert core.kv.allocator.num_used <= num_blocks
+        results = []
+        for c in plan.commands:
+            job = core.jobs[c.job_id]
+            assert len(job.kv.blocks) >= blocks_for(c.num_computed, BS)
+            results.append(TokenResult(c.job_id, c.num_computed, 7 if c.samples else None))
+        core.update(plan.step_id, StepResult(results, [], 0.01), t + 0.01)
+        core.check_invariants()
+        t += 0.01
+    assert not core.has_work() and core.kv.num_free == num_blocks
