@@ -28,7 +28,7 @@ DEFAULTS = SchedulerConfig()
 
 def policy_names() -> list[str]:
     """The registered scheduling policies (importing the registry registers them all)."""
-    from scheduler_svc.core.policy import POLICIES
+    from scheduler_svc.core.policies import POLICIES
 
     return sorted(POLICIES)
 
