@@ -58,8 +58,10 @@ class WorkerLoop:
     """Owns one worker connection and the GroupCore of that worker."""
 
     def __init__(self, address: str, config: SchedulerConfig, step_timeout_s: float = 120.0,
-                 on_iteration: Callable[[IterationStats], None] | None = None):
+                 on_iteration: Callable[[IterationStats], None] | None = None,
+                 pipeline_depth: int = 1):
         self.address = address
+        self.pipeline_depth = pipeline_depth  # Steps outstanding at most (pipeline stages)
         self.config = config
         self.step_timeout_s = step_timeout_s
         self.on_iteration = on_iteration
@@ -128,7 +130,8 @@ class WorkerLoop:
             # (the local cluster, a GPU per pod) gets all of it.
             store_blocks = d.store_capacity_blocks if d.store_connected else 0
             self.core = GroupCore(self.config, d.num_blocks, d.block_size, capacity,
-                                      cost_model=cost_model, store_blocks=store_blocks)
+                                      cost_model=cost_model, store_blocks=store_blocks,
+                                      pipeline_depth=self.pipeline_depth)
             log.info("worker %s: %d KV blocks, KV store %s (%d blocks), kv policy %s",
                      self.address, d.num_blocks, d.kvstore_address or "none", store_blocks,
                      self.config.kv_policy)
