@@ -31,8 +31,11 @@ serve: proto model
 test: proto model
 	$(PY) -m pytest -q
 
+# ruff over the project (rules in pyproject.toml), mypy --strict on scheduler_svc/core
+# ([tool.mypy] files).
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 bench-engine: proto model
 	$(VENV)/bin/fastserve bench engine --repeats 2 --json docs/bench-engine.json

@@ -257,8 +257,8 @@ def run(args: argparse.Namespace) -> int:
             ratio = s.rate / base if s.rate is not None and base else None
             curve = ", ".join(f"{p.rate:g}: {'>' if p.lower_bound else ''}"
                               f"{p.mean_latency_per_token_s * 1e3:.0f}" for p in s.curve)
-            print(f"{label:<26} {_fmt(s.rate, '>12.3f')} {_fmt(ratio, '>7.2f')}{'x' if ratio else ' '}"
-                  f"  {curve}")
+            print(f"{label:<26} {_fmt(s.rate, '>12.3f')} {_fmt(ratio, '>7.2f')}"
+                  f"{'x' if ratio else ' '}  {curve}")
             row.update({
                 "slo_s_per_token": slo, "rate_at_slo": s.rate, "slo_ratio_vs_fcfs": ratio,
                 "slo_curve": [{"rate": p.rate,

@@ -109,7 +109,8 @@ class GenerateOptions(TypedDict, total=False):
 
 
 def _request(
-    prompt: str | Iterable[int] | None = None, *, messages: Iterable[Mapping[str, str]] | None = None,
+    prompt: str | Iterable[int] | None = None, *,
+    messages: Iterable[Mapping[str, str]] | None = None,
     max_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None,
     top_k: int | None = None, seed: int | None = None, stop: str | Iterable[str] | None = None,
     ignore_eos: bool = False, request_id: str | None = None,

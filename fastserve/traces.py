@@ -308,7 +308,7 @@ def _read_jsonl(path: pathlib.Path) -> _Rows:
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}:{line}: not valid JSON: {e.msg}") from None
         if not isinstance(obj, dict):
-            raise ValueError(  # noqa: TRY004 - a bad file, not a bad argument
+            raise ValueError(  # not TypeError: a bad file, not a bad argument
                 f"{path}:{line}: expected a JSON object, got {text.strip()!r}")
         for field in ("input_tokens", "output_tokens"):
             if field not in obj:

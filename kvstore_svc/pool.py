@@ -359,7 +359,8 @@ class BlockPool:
 
     def _lease(self, lease_id: int) -> _Lease:
         if lease_id == 0:
-            raise PoolError(ErrorCode.INVALID_ARGUMENT, "lease_id: required (got 0); Register first")
+            raise PoolError(ErrorCode.INVALID_ARGUMENT,
+                            "lease_id: required (got 0); Register first")
         lease = self._leases.get(lease_id)
         if lease is not None and lease.expires_at <= self._clock():
             self._drop_lease(lease)  # expired but not reaped yet: same answer as after reaping

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import secrets
@@ -43,14 +44,11 @@ class SharedSegment:
         return buf
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             self._shm.unlink()
-        except FileNotFoundError:
-            pass
-        try:
+        # BufferError: a view is still alive; the mapping goes with the process
+        with contextlib.suppress(BufferError):
             self._shm.close()
-        except BufferError:  # a view is still alive; the mapping goes with the process
-            pass
 
 
 def attach(name: str, size: int) -> mmap.mmap:

@@ -136,7 +136,8 @@ class Engine:
         for job_id in cmd.free_job_ids:
             job = self.jobs.get(job_id)
             if job is None:
-                out.errors.append(JobError(job_id, ErrorCode.NOT_FOUND, f"free: unknown job {job_id}"))
+                out.errors.append(JobError(job_id, ErrorCode.NOT_FOUND,
+                                           f"free: unknown job {job_id}"))
             else:
                 self._drop(job)
         for job_id in cmd.swap_out:
@@ -291,7 +292,8 @@ class Engine:
         have = len(job.block_ids) + len(c.append_block_ids)
         if needed > have:
             raise JobRejected(ErrorCode.INVALID_ARGUMENT,
-                              f"job {c.job_id} needs {needed} blocks for {end} tokens, holds {have}")
+                              f"job {c.job_id} needs {needed} blocks for {end} tokens, "
+                              f"holds {have}")
         if c.append_block_ids:
             self._check_blocks(c.job_id, c.append_block_ids)
             self.swap.make_writable(c.append_block_ids)

@@ -197,6 +197,6 @@ def create_server(
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="worker-rpc")
     )
-    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(loaded, model_arg, on_step, compute),
-                                               server)
+    servicer = WorkerServicer(loaded, model_arg, on_step, compute)
+    worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
     return server, start_with_health(server, address, SERVICE_NAME, health_servicer)

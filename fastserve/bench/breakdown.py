@@ -183,7 +183,8 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
             parts.append(f"{kind} {n} x {f(t / n if n else None, 1e3, 1)} ms = {f(t)} s")
         lines.append("  worker       " + "   ".join(parts))
         span = r["span_s"] or 1.0
-        lines.append(f"  of the span  compute {f(r['compute_s'])} s ({f(r['compute_s'] / span, 100, 0)}%)"
+        lines.append(f"  of the span  compute {f(r['compute_s'])} s "
+                     f"({f(r['compute_s'] / span, 100, 0)}%)"
                      f"   outside compute {f(r['outside_compute_s'])} s "
                      f"({f(r['outside_compute_s'] / max(r['iterations'], 1), 1e3, 2)} ms per "
                      f"iteration)   not in any iteration {f(r['uncovered_s'])} s")

@@ -108,7 +108,8 @@ async def replay_openai_async(url: str, trace: Sequence[TraceRequest],
     if len(prompts) != len(trace):
         raise ValueError(f"{len(trace)} requests but {len(prompts)} prompts")
     root = base_url(url)
-    limits = httpx.Limits(max_connections=len(trace) + 10, max_keepalive_connections=len(trace) + 10)
+    limits = httpx.Limits(max_connections=len(trace) + 10,
+                          max_keepalive_connections=len(trace) + 10)
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(timeout_s)) as client:
         model = await server_model(client, root, model)
         for ids in warmup_prompts(warmup):

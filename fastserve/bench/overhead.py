@@ -67,7 +67,7 @@ def measure(stub, metrics_port: int, batch: int, iterations: int) -> dict[str, f
         try:
             for _ in s:
                 pass
-        except Exception:  # noqa: BLE001, S110 - cancelled at the end of the window
+        except Exception:  # noqa: BLE001 - cancelled at the end of the window
             pass
 
     threads = [threading.Thread(target=drain, args=(s,), daemon=True) for s in streams]

@@ -271,7 +271,7 @@ def summarize_requests(records: Sequence[dict[str, Any]], policy: str,
     if recs:
         s = summarize(recs, policy, rate)
     else:
-        s = {k: None for k in SUMMARY_KEYS}
+        s = dict.fromkeys(SUMMARY_KEYS)
         s.update(policy=policy, rate=rate, throughput_tokens_s=0.0, throughput_requests_s=0.0,
                  makespan_s=0.0)
     s.update(num_requests=len(records), num_completed=len(done),
@@ -289,7 +289,8 @@ def summarize_requests(records: Sequence[dict[str, Any]], policy: str,
 
 
 def bench_summary(result: dict[str, Any], rate: float | None) -> dict[str, Any]:
-    """``summarize_requests`` plus what only a real replay has: send lag, server timings, failures."""
+    """``summarize_requests`` plus what only a real replay has: send lag, server timings,
+    failures."""
     reqs = result["requests"]
     s = summarize_requests(reqs, result["policy"], rate)
     lag = np.array([r["sent"] - r["arrival"] for r in reqs if r.get("sent") is not None])

@@ -80,7 +80,7 @@ def test_start_child_reports_a_child_that_dies(fake):
 
 
 def test_start_child_times_out_and_leaves_nothing_running(fake):
-    with pytest.raises(cli_serve.ChildFailed, match="not ready after 0.5 s"):
+    with pytest.raises(cli_serve.ChildFailed, match=r"not ready after 0\.5 s"):
         cli_serve.start_child(fake("worker", "mute"), "worker listening on ", 0.5)
     assert fake.events() == ["worker ready", "worker stopped"]
 

@@ -60,7 +60,8 @@ class ScriptedScheduler(scheduler_pb2_grpc.SchedulerServicer):
                         ended.set()
                         yield _final(rid, pb.FINISH_REASON_CANCELLED)
                         return
-                    yield pb.GenerateResponse(request_id=rid, chunk=pb.Chunk(text=".", token_ids=[i]))
+                    yield pb.GenerateResponse(request_id=rid,
+                                              chunk=pb.Chunk(text=".", token_ids=[i]))
                     time.sleep(0.02)
             for i, text in enumerate(CHUNKS):
                 yield pb.GenerateResponse(
@@ -91,7 +92,8 @@ class ScriptedScheduler(scheduler_pb2_grpc.SchedulerServicer):
 def _final(rid: str, reason: int, **kw) -> pb.GenerateResponse:
     usage = pb.Usage(prompt_tokens=7, completion_tokens=4, queue_time_s=0.01,
                      time_to_first_token_s=0.02, total_time_s=0.05)
-    return pb.GenerateResponse(request_id=rid, final=pb.Final(finish_reason=reason, usage=usage, **kw))
+    return pb.GenerateResponse(request_id=rid,
+                               final=pb.Final(finish_reason=reason, usage=usage, **kw))
 
 
 @pytest.fixture(scope="module")

@@ -117,12 +117,12 @@ def test_bad_path_raises_naming_argument(tmp_path, cache, kind):
         bad.mkdir()
     else:
         bad.write_bytes(b"x")
-    with pytest.raises(ValueError, match="weights.bin"):
+    with pytest.raises(ValueError, match=r"weights\.bin"):
         models.resolve_model(str(bad))
 
 
 def test_missing_local_path_raises(tmp_path, cache):
-    with pytest.raises(ValueError, match="nope.gguf"):
+    with pytest.raises(ValueError, match=r"nope\.gguf"):
         models.resolve_model(str(tmp_path / "nope.gguf"))
 
 

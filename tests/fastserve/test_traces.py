@@ -132,8 +132,8 @@ def test_describe(azure):
 
 
 @pytest.mark.parametrize("text,match", [
-    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.5,100,10\n"
-     + "2023-11-16 18:15:47.5,abc,10\n", r"bad\.csv:3: field 'ContextTokens'.*'abc'"),
+    (("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.5,100,10\n"
+      "2023-11-16 18:15:47.5,abc,10\n"), r"bad\.csv:3: field 'ContextTokens'.*'abc'"),
     ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.5,100,-4\n",
      r"bad\.csv:2: field 'GeneratedTokens'.*non-negative integer"),
     ("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,100,10\n",

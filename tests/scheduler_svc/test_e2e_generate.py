@@ -11,7 +11,8 @@ from fastserve.proto import scheduler_pb2 as spb
 
 pytestmark = pytest.mark.slow
 
-WORDS = ["river", "mountain", "quiet", "engine", "yellow", "history", "garden", "orbit", "signal", "paper", "violin", "harbor", "copper", "meadow", "lantern"]
+WORDS = ["river", "mountain", "quiet", "engine", "yellow", "history", "garden", "orbit",
+         "signal", "paper", "violin", "harbor", "copper", "meadow", "lantern"]
 
 
 def _prompts(n):
@@ -87,7 +88,7 @@ def test_stop_string_spanning_tokens_is_not_returned(smol_cluster):
     full, _, _ = collect(smol_cluster.stub.Generate(greedy(_prompts(3)[2], 24, ignore_eos=True)))
     stop = full[5:12]
     assert len(stop.strip()) >= 3
-    text, ids, final = collect(smol_cluster.stub.Generate(
+    text, _, final = collect(smol_cluster.stub.Generate(
         greedy(_prompts(3)[2], 24, ignore_eos=True, stop=[stop])))
     assert text == full[: full.index(stop)]
     assert final.finish_reason == spb.FINISH_REASON_STOP and final.stop_string == stop

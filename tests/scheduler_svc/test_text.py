@@ -17,7 +17,8 @@ from scheduler_svc.api.text import (
     validate_stop,
 )
 
-FUNNY = list("😀🎉👍🏽👩‍👩‍👧中文字한국어日本語éèüñçÅ\u0301ß€ \n\t") + [
+FUNNY = [
+    *"😀🎉👍🏽👩‍👩‍👧中文字한국어日本語éèüñçÅ\u0301ß€ \n\t",
     "  ",
     "\n\n",
     "hello",
@@ -189,7 +190,7 @@ def test_multibyte_stop_and_held_back_character(tm):
 
 @pytest.mark.slow
 def test_special_tokens_are_skipped_unless_asked(tm):
-    ids = tm.encode("Hi there") + [2]
+    ids = [*tm.encode("Hi there"), 2]
     assert "".join(stream(tm, ids)[0]) == "Hi there"
     deltas, tail, _ = stream(tm, ids, skip_special_tokens=False)
     assert "".join(deltas) + tail == "Hi there<|im_end|>"
@@ -203,7 +204,7 @@ def test_model_facts(tm):
     assert tm.decode(tm.encode("hello . I 'm")) == "hello . I 'm"  # no space cleanup
     # The vocabulary lacks a few byte tokens (0x04, 0xF1, ...): those bytes encode as the
     # unk token <|endoftext|> (id 0), so such text does not round-trip.
-    assert tm.encode("a\x04b") == tm.encode("a") + [0] + tm.encode("b")
+    assert tm.encode("a\x04b") == [*tm.encode("a"), 0, *tm.encode("b")]
     assert tm.decode(tm.encode("\U00040000")) == "\ufffd" * 3
 
 

@@ -145,8 +145,9 @@ class SwapTally:
     wait_s: float = 0.0
 
 
-def drive_swapping(engine: Engine, jobs: list[DriverJob], max_batch: int, chunk: int | None = None,
-                   reactive_every: int = 3, seed: int = 0) -> tuple[dict[int, list[int]], SwapTally]:
+def drive_swapping(engine: Engine, jobs: list[DriverJob], max_batch: int,
+                   chunk: int | None = None, reactive_every: int = 3,
+                   seed: int = 0) -> tuple[dict[int, list[int]], SwapTally]:
     """Run ``jobs`` to completion round-robin, ``max_batch`` at a time, keeping on the device
     only the jobs of this iteration's batch and (proactively) of the next one.
 
@@ -220,7 +221,8 @@ def drive_swapping(engine: Engine, jobs: list[DriverJob], max_batch: int, chunk:
         _retire(active, to_free, free)
         it += 1
     assert engine.swap.wait_idle()
-    final = engine.step(StepCommand())  # collects the stats of copies that ended after the last Step
+    # collects the stats of copies that ended after the last Step
+    final = engine.step(StepCommand())
     tally.blocks_out += final.swap.num_blocks_out
     tally.blocks_in += final.swap.num_blocks_in
     assert engine.pool.num_used_blocks == 0 and not engine.jobs

@@ -36,7 +36,8 @@ def _llama3_rope():
     return LlamaForCausalLM(LlamaConfig(**SMALL, rope_scaling=scaling, rope_theta=500000.0))
 
 
-@pytest.mark.parametrize("make", [_qwen2, _mistral, _llama3_rope], ids=["qwen2", "mistral", "llama3"])
+@pytest.mark.parametrize("make", [_qwen2, _mistral, _llama3_rope],
+                         ids=["qwen2", "mistral", "llama3"])
 def test_variant_matches_transformers(make, tmp_path):
     torch.manual_seed(0)
     model = make().eval()

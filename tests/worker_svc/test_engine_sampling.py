@@ -32,8 +32,8 @@ def test_same_seed_same_tokens_whatever_shares_the_batch(engine):
         DriverJob(2, _prompt(80, 2), 30, sampling=SamplingParams(temperature=0.7, seed=9)),
         DriverJob(3, _prompt(3, 3), 12, arrival=2, sampling=SamplingParams(temperature=1.0)),
     ]
-    crowded = drive(engine, [DriverJob(0, _prompt(30, 0), 24, arrival=1, sampling=SAMPLED)]
-                    + others, chunk=16, seed=7)[0]
+    crowded = drive(engine, [DriverJob(0, _prompt(30, 0), 24, arrival=1, sampling=SAMPLED),
+                             *others], chunk=16, seed=7)[0]
     assert crowded == alone
     greedy = drive(engine, [DriverJob(0, _prompt(30, 0), 24)])[0]
     assert alone != greedy, "temperature 1.3 should not reproduce the greedy sequence"
@@ -52,7 +52,8 @@ def test_top_k_and_top_p_restrict_the_choice():
         (tok,), _ = sample(logits, [SamplingParams(temperature=5.0, top_k=2, seed=1)], [step], [0])
         assert tok in (0, 1)
         # softmax of [4, 3, 2, ...]: p0 ~= 0.64 < 0.7, so top_p=0.7 keeps exactly tokens 0 and 1.
-        (tok,), _ = sample(logits, [SamplingParams(temperature=1.0, top_p=0.7, seed=2)], [step], [0])
+        (tok,), _ = sample(logits, [SamplingParams(temperature=1.0, top_p=0.7, seed=2)],
+                           [step], [0])
         assert tok in (0, 1)
 
 

@@ -123,7 +123,7 @@ class Jobs:
 
     def __init__(self, engine, prompts):
         self.engine = engine
-        self.prompts = {i: p for i, p in enumerate(prompts)}
+        self.prompts = dict(enumerate(prompts))
         self.out: dict[int, list[int]] = {i: [] for i in self.prompts}
         self.computed = dict.fromkeys(self.prompts, 0)
         self.free = list(range(engine.pool.num_blocks - 1, -1, -1))

@@ -230,7 +230,8 @@ def test_bad_entries_fail_alone_and_worker_keeps_serving(stream):
     assert errors[4].code == pb.ERROR_CODE_FAILED_PRECONDITION
     assert "block id 1 is in use by job 1" in errors[4].message
     assert errors[5].code == pb.ERROR_CODE_RESOURCE_EXHAUSTED
-    assert f"{NUM_BLOCKS - 1} more blocks requested but only {NUM_BLOCKS - 2} of" in errors[5].message
+    assert (f"{NUM_BLOCKS - 1} more blocks requested but only {NUM_BLOCKS - 2} of"
+            in errors[5].message)
     assert errors[6].code == pb.ERROR_CODE_INVALID_ARGUMENT
     assert "needs 3 blocks for 40 tokens, holds 1" in errors[6].message
     assert errors[7].code == pb.ERROR_CODE_RESOURCE_EXHAUSTED

@@ -25,13 +25,15 @@ def test_worker_starts_before_its_store_then_swaps(tiny_llama_dir, tmp_path):
     kv = None
     try:
         d = worker.stub.Describe(pb.DescribeRequest(), timeout=10)
-        assert (d.kvstore_address, d.store_connected, d.store_capacity_blocks) == (address, False, 0)
+        assert (d.kvstore_address, d.store_connected,
+                d.store_capacity_blocks) == (address, False, 0)
 
         stream = StepStream(worker.stub)
         prompt = list(range(1, 21))  # 20 tokens: 2 blocks
         r = stream.step(
             new_jobs=[new_job(1, prompt, [0, 1]), new_job(2, prompt, [2, 3])],
-            commands=[pb.JobCommand(job_id=1, num_tokens=20), pb.JobCommand(job_id=2, num_tokens=20)],
+            commands=[pb.JobCommand(job_id=1, num_tokens=20),
+                      pb.JobCommand(job_id=2, num_tokens=20)],
         )
         assert not r.errors
         r = stream.step(swap_out=[pb.SwapOut(job_id=1)])

@@ -75,7 +75,8 @@ def _eos_ids(config: Any, generation_config: Any) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def rope_tables(config: Any, max_positions: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(config: Any, max_positions: int,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin for positions ``[0, max_positions)``, ``[max_positions, head_dim]`` float32.
 
     The inverse frequencies come from transformers' own RoPE initialisers, so every static

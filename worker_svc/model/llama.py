@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from worker_svc.kv_pool import KVPool
+from worker_svc.model import native
 from worker_svc.model.config import ModelSpec
 from worker_svc.model.linear import Linear, pick_kernel
-from worker_svc.model import native
 
 
 @dataclass
@@ -191,11 +191,12 @@ class LlamaModel:
         """One query per job against its gathered blocks; returns ``[B, heads, head_dim]``.
 
         On the CPU in float32 this is the native kernel (native.py), which reads the blocks
-        in place. Otherwise it is written as batched matmuls rather than SDPA: for a single query row, PyTorch's CPU
-        flash-attention kernel spends far more time in setup than in arithmetic. The matmuls
-        run one KV head at a time on strided views of the gathered ``[B, L, kv_heads, d]``
-        blocks, which BLAS reads in place; one matmul over all heads would first copy the
-        whole gathered KV into a head-major layout (measured: a third of the attention time).
+        in place. Otherwise it is written as batched matmuls rather than SDPA: for a single
+        query row, PyTorch's CPU flash-attention kernel spends far more time in setup than in
+        arithmetic. The matmuls run one KV head at a time on strided views of the gathered
+        ``[B, L, kv_heads, d]`` blocks, which BLAS reads in place; one matmul over all heads
+        would first copy the whole gathered KV into a head-major layout (measured: a third of
+        the attention time).
         """
         s = self.spec
         out = native.paged_decode_attention(q, k_blocks, v_blocks, d.block_tables,
