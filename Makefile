@@ -16,7 +16,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[dev,plot]"
 	touch $@
 
-# Python modules generated from protos/ (never edited by hand, not committed).
+# Python modules generated from protos/ (never edited by hand, not committed). The package
+# build (setup.py) generates them too, so `pip install .` needs no make; this regenerates them
+# in the checkout after a .proto changes.
 proto: install
 	$(PY) -m fastserve.proto.build
 

@@ -1,8 +1,9 @@
 """Generated protobuf and gRPC modules of every FastServe service.
 
 Import them from here: ``from fastserve.proto import worker_pb2, worker_pb2_grpc``. They are
-generated from ``protos/fastserve/v1/*.proto`` by ``make proto`` (``python -m
-fastserve.proto.build``) into ``fastserve/proto/fastserve/v1/``, which is not committed. Any
+generated from ``protos/fastserve/v1/*.proto`` into ``fastserve/proto/fastserve/v1/``, which is
+not committed, by the package build (``pip install .``, a wheel, or ``pip install -e .``; see
+``setup.py``) and by ``make proto`` (``python -m fastserve.proto.build``) in a checkout. Any
 generated module there is importable from here by its name, so a new proto needs no edit here.
 """
 
@@ -36,7 +37,8 @@ def __getattr__(name: str) -> ModuleType:
         if not f"{_GENERATED}.{name}".startswith(e.name or "\0"):
             raise  # something the generated module imports is missing, not the module
         raise ImportError(
-            f"generated module fastserve.proto.{name} is missing: run `make proto` "
+            f"generated module fastserve.proto.{name} is missing: install the package "
+            "(pip install ., which generates it) or, in a checkout, run `make proto` "
             "(python -m fastserve.proto.build) in the repository root"
         ) from e
     globals()[name] = module
