@@ -130,8 +130,8 @@ class WorkerLoop:
             # (the local cluster, a GPU per pod) gets all of it.
             store_blocks = d.store_capacity_blocks if d.store_connected else 0
             self.core = GroupCore(self.config, d.num_blocks, d.block_size, capacity,
-                                      cost_model=cost_model, store_blocks=store_blocks,
-                                      pipeline_depth=self.pipeline_depth)
+                                  cost_model=cost_model, store_blocks=store_blocks,
+                                  pipeline_depth=self.pipeline_depth)
             log.info("worker %s: %d KV blocks, KV store %s (%d blocks), kv policy %s",
                      self.address, d.num_blocks, d.kvstore_address or "none", store_blocks,
                      self.config.kv_policy)

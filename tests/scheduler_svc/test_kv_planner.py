@@ -22,7 +22,7 @@ def make(policy="skip-join-mlfq", kv_policy="proactive", num_blocks=32, store_bl
          **cfg) -> GroupCore:
     config = SchedulerConfig(policy=policy, kv_policy=kv_policy, watermark=0.0, **cfg)
     return GroupCore(config, num_blocks, BS, num_blocks * BS, cost_model=LINEAR,
-                         store_blocks=store_blocks)
+                     store_blocks=store_blocks)
 
 
 def step(core, worker, now, elapsed=0.01, lost=()):
