@@ -61,11 +61,21 @@ class Batcher:
         # Under defer nothing is displaced, so a job that fits may go ahead of one that waits.
         strict = not policy.arrivals_preempt and kvp.displaces
         admission_closed = False
+        # Once admission is closed and every started job has been seen, only new jobs are
+        # left, and they all wait: the walk ends there, so a long queue costs nothing (a new
+        # one-token prompt waits too: it used to slip through the decode branch).
+        num_started, started_seen = num_live - num_waiting, 0
         max_batch = config.max_batch_size
         commands = plan.commands
         for job in order:
             if len(commands) + len(prefills) >= max_batch or budget <= 0:
                 break
+            if job.started:
+                started_seen += 1
+            elif admission_closed:  # a new job behind one that waits: it waits too
+                if started_seen == num_started or (stuck and holders_seen == num_holding):
+                    break
+                continue
             if busy and job.job_id in busy:
                 continue  # in a plan still in flight: at most one plan at a time
             rank[job.job_id] = len(rank)
@@ -95,8 +105,6 @@ class Batcher:
                 # A new job may push lower-priority paused jobs out (that is what lets a short
                 # arrival overtake long paused ones), once its chunk is sized below; a started
                 # job growing by a block waits instead (the last resort keeps the oldest moving).
-                if admission_closed and not job.started:
-                    continue
                 if self._fit(job, n) > 0:
                     prefills.append(job)
                 elif strict and not job.started:

@@ -45,3 +45,34 @@ def test_every_plan_keeps_its_budgets(jobs, max_batch, max_tokens, num_blocks, p
         core.check_invariants()
         t += 0.01
     assert not core.has_work() and core.kv.num_free == num_blocks
+
+
+def test_a_long_queue_behind_closed_admission_is_not_walked():
+    """FCFS with a KV policy that displaces: once a new job does not fit, the ones behind it
+    wait, so the walk stops after the started jobs: its cost does not grow with the queue."""
+    config = SchedulerConfig(policy="fcfs", kv_policy="recompute", max_batch_size=64)
+    core = GroupCore(config, 16, BS, 64 * BS)
+    for i in range(3):
+        core.add(make_job(i, prompt_len=15, max_tokens=50), 0.0)  # 4 blocks each
+    t = 0.0
+    for _ in range(3):
+        plan = core.schedule(t)
+        results = [TokenResult(c.job_id, c.num_computed, 7 if c.samples else None)
+                   for c in plan.commands]
+        core.update(plan.step_id, StepResult(results, [], 0.01), t + 0.01)
+        t += 0.01
+    for i in range(3, 2003):
+        core.add(make_job(i, prompt_len=30, max_tokens=5), t)  # 8 blocks: none fits
+    consumed = 0
+    order = core.policy.order
+
+    def counting(now):
+        nonlocal consumed
+        for job in order(now):
+            consumed += 1
+            yield job
+
+    core.policy.order = counting
+    plan = core.schedule(t)
+    assert sorted(c.job_id for c in plan.commands) == [0, 1, 2]
+    assert consumed <= 3 + 2, f"the walk visited {consumed} jobs of 2,003"
