@@ -72,6 +72,7 @@ class KVLedger:
         # a job walked earlier cannot take them and leave it to displace others again.
         self._claims: dict[int, int] = {}
         self._reserved: dict[int, int] = {}  # this Step's claims
+        self._reserved_total = 0
         self.num_swap_outs = 0
         self.num_swap_ins = 0
         self.num_recomputes = 0
@@ -81,10 +82,12 @@ class KVLedger:
     def begin_step(self, now: float) -> None:
         self.copies.now = now
         self._reserved, self._claims = self._claims, {}
+        self._reserved_total = sum(self._reserved.values())
         self.store_up = self.store_blocks > 0 and now >= self._store_retry_at
 
     def end_step(self) -> None:
         self._reserved = {}
+        self._reserved_total = 0
 
     # ---- reading ----------------------------------------------------------------------------
     @property
@@ -110,11 +113,13 @@ class KVLedger:
 
     def free_for(self, job: Job) -> int:
         """Free blocks ``job`` may take: all but those reserved for other jobs this Step."""
-        return self.allocator.num_free - sum(n for jid, n in self._reserved.items()
-                                             if jid != job.job_id)
+        reserved = self._reserved
+        if not reserved:
+            return self.allocator.num_free
+        return self.allocator.num_free - (self._reserved_total - reserved.get(job.job_id, 0))
 
     def num_reserved(self) -> int:
-        return sum(self._reserved.values())
+        return self._reserved_total
 
     def swappable(self, job: Job) -> bool:
         """A paused job whose blocks hold exactly its computed KV (the worker stores the table)."""
@@ -131,7 +136,7 @@ class KVLedger:
         """Give ``job`` ``num_blocks`` more blocks (its reservation is used up)."""
         blocks = self.allocator.allocate(num_blocks)
         self._hold(job, blocks)
-        self._reserved.pop(job.job_id, None)
+        self._reserved_total -= self._reserved.pop(job.job_id, 0)
         return blocks
 
     def _hold(self, job: Job, blocks: list[int]) -> None:
