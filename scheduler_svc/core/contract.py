@@ -59,6 +59,11 @@ class StepPlan:
     def batch_size(self) -> int:
         return len(self.commands)
 
+    def job_ids(self) -> list[int]:
+        """Every job this plan computes or moves (a job is in one plan in flight at most)."""
+        return ([c.job_id for c in self.commands] + self.swap_out
+                + [s.job_id for s in self.swap_in])
+
 
 @dataclass
 class TokenResult:

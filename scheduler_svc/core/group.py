@@ -90,17 +90,11 @@ class GroupCore:
         assert status.finished
         if job.status.finished:
             return
-        self._num_waiting -= not job.started
         job.status = status
         job.finish_time = now
         job.error = error
-        self.kv.release(job)
-        self.kv.unstore(job)  # the worker frees its store handles with the job
-        if job.kv.on_worker:
-            self._pending_frees.append(job.job_id)
-            job.kv.on_worker = False
-        self.policy.remove(job)
-        del self.jobs[job.job_id]
+        self._remove(job)
+        job.kv.on_worker = False
         reason = job.finish_reason or "error"
         self.num_finished[reason] = self.num_finished.get(reason, 0) + 1
 
@@ -127,14 +121,19 @@ class GroupCore:
         """Take a live job out of this group, KV and all, so another group can run it (its
         prompt and output stay; its placement starts over)."""
         assert job.job_id not in self._busy, "a job in a plan in flight cannot leave"
+        self._remove(job)
+        job.kv = Placement()
+
+    def _remove(self, job: Job) -> None:
+        """Take ``job`` out of the table, its blocks and store blocks returned at once and
+        the worker told to free it in the next Step."""
         self._num_waiting -= not job.started
         self.kv.release(job)
-        self.kv.unstore(job)
+        self.kv.unstore(job)  # the worker frees its store handles with the job
         if job.kv.on_worker:
             self._pending_frees.append(job.job_id)
         self.policy.remove(job)
         del self.jobs[job.job_id]
-        job.kv = Placement()
 
     # ---- one iteration -------------------------------------------------------------------
     def has_work(self) -> bool:
@@ -171,7 +170,7 @@ class GroupCore:
         plan.step_id = self._next_step_id
         self._in_flight[plan.step_id] = plan
         if self.pipeline_depth > 1:
-            self._busy.update(chosen, plan.swap_out, (s.job_id for s in plan.swap_in))
+            self._busy.update(plan.job_ids())
         return plan
 
     def update(self, step_id: int, result: StepResult, now: float) -> list[JobUpdate]:
@@ -182,9 +181,7 @@ class GroupCore:
             raise UnknownStep(f"step id {step_id} is not in flight "
                               f"(in flight: {sorted(self._in_flight) or 'none'})")
         if self._busy:
-            self._busy.difference_update(
-                [c.job_id for c in plan.commands] + plan.swap_out
-                + [s.job_id for s in plan.swap_in])
+            self._busy.difference_update(plan.job_ids())
         self.num_iterations += 1
         if plan.commands and result.compute_time_s > 0:
             self._last_iteration_s = result.compute_time_s

@@ -141,3 +141,24 @@ def test_bad_config_names_the_field():
         SchedulerConfig(max_batch_size=0)
     with pytest.raises(ValueError, match="policy must be one of"):
         make_core(policy="nope")
+
+
+def test_a_detached_job_leaves_with_its_output_and_finishes_on_another_group():
+    first, second = make_core(), make_core()
+    first.add(make_job(1, prompt_len=6, max_tokens=5), 0.0)
+    for t in range(2):
+        run_step(first, float(t))
+    job = first.jobs[1]
+    assert job.kv.blocks and job.kv.on_worker and len(job.output) == 2
+    first.detach(job)
+    assert not first.jobs and first.kv.num_free == 64
+    assert not job.kv.blocks and job.kv.num_computed == 0 and not job.kv.on_worker
+    plan, _ = run_step(first, 2.0)  # the old group's worker is told to free it
+    assert plan is not None and plan.free_job_ids == [1]
+    second.add(job, 2.0)
+    t = 3.0
+    while second.has_work():
+        run_step(second, t)
+        t += 1
+    assert job.status == JobStatus.FINISHED_LENGTH and len(job.output) == 5
+    assert second.kv.num_free == 64

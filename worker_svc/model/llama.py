@@ -113,7 +113,7 @@ class LlamaModel:
         qk_heads = s.num_heads + s.num_kv_heads
         # The fused native kernels (native.py) where they run; the positions are checked
         # here once, as the table lookup of the PyTorch path would.
-        fused = (native.fused_usable(x) and num_tokens > 0 and self.cos.is_contiguous()
+        fused = (native.fused_usable(x) and num_tokens > 0
                  and int(meta.positions.max()) < self.cos.shape[0])
         eps = s.rms_norm_eps
         pending = None  # the last MLP's output, added to x by the next norm
