@@ -87,3 +87,16 @@ def test_the_auto_plan_is_timed_once_per_machine_and_then_read_back(tmp_path, mo
 
     monkeypatch.setattr(linear, "_time_all", no_timing)
     assert pick_kernel([Linear(w, b) for w, b, _ in cases], "auto") == first
+
+
+def test_the_plan_is_timed_again_when_the_native_kernels_change(tmp_path, monkeypatch):
+    from worker_svc.model import linear, native
+
+    monkeypatch.setenv("FASTSERVE_CACHE_DIR", str(tmp_path))
+    lins = [Linear(*_case()[:2])]
+    with_tiled = ["blas", "tiled"]
+    before = linear._plan_path(lins, with_tiled)
+    monkeypatch.setattr(native, "build_key", lambda: "another-build")
+    assert linear._plan_path(lins, with_tiled) != before
+    assert linear._plan_path(lins, ["blas", "onednn"]) == linear._plan_path(lins,
+                                                                             ["blas", "onednn"])

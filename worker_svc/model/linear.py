@@ -186,12 +186,14 @@ def _time_plan(linears: Sequence[Linear], candidates: Sequence[str]) -> list[tup
 
 
 def _plan_path(linears: Sequence[Linear], candidates: Sequence[str]) -> pathlib.Path:
-    """Where the plan for these shapes on this machine is kept (timing takes seconds)."""
+    """Where the plan for these shapes on this machine and these native kernels is kept
+    (timing takes seconds)."""
     from fastserve.models import cache_dir
 
     ident = json.dumps([[lin.out_features, lin.in_features] for lin in linears]
                        + [str(linears[0].dtype), torch.__version__, list(candidates),
-                          native.cpu_id(), TUNE_ROWS])
+                          native.cpu_id(), TUNE_ROWS,
+                          native.build_key() if "tiled" in candidates else ""])
     key = hashlib.sha256(ident.encode()).hexdigest()[:16]
     return cache_dir() / "kernels" / f"linear-plan-{key}.json"
 

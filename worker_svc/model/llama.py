@@ -163,6 +163,12 @@ class LlamaModel:
         k_blocks, v_blocks = pool.layer_blocks(layer)  # [num_blocks, block_size, kvh, d]
         for seg in meta.prefills:
             rows = slice(seg.start, seg.start + seg.num_tokens)
+            # On the CPU in float32, the native kernel reads the job's keys and values in
+            # place from the pool (this pass's were written above), causal and windowed.
+            if native.prefill_attention(q[rows], out[rows], k_blocks, v_blocks,
+                                        seg.block_table, seg.context_len, s.sliding_window,
+                                        self.scale):
+                continue
             qs = q[rows].transpose(0, 1).unsqueeze(0)  # [1, heads, n, d]
             if seg.mask is None:
                 ks = k[rows].transpose(0, 1).unsqueeze(0)  # [1, kvh, n, d]

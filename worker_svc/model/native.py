@@ -34,7 +34,8 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCES = [pathlib.Path(__file__).with_name("csrc") / name
-           for name in ("paged_decode_attention.c", "small_gemm.c", "fused_elementwise.c")]
+           for name in ("paged_decode_attention.c", "prefill_attention.c", "small_gemm.c",
+                        "fused_elementwise.c")]
 # -ffast-math lets the compiler vectorize the dot products' reductions and call glibc's
 # vector expf; the kernel uses no infinities or NaNs. It is given to the compile step only:
 # linked with it, gcc adds crtfastmath.o, whose constructor flushes subnormals to zero in the
@@ -57,15 +58,22 @@ def cpu_id() -> str:
     return f"{platform.machine()} {platform.processor()} {flags}"
 
 
+def build_key() -> str:
+    """The kernels' build: a hash of their sources, compiler, flags and processor (it names
+    the cached library, and keys anything timed on these kernels)."""
+    cc = os.environ.get("CC", "cc")
+    return hashlib.sha256(b"\0".join([*(src.read_bytes() for src in SOURCES),
+                                      " ".join([cc, *CFLAGS, *LDFLAGS]).encode(),
+                                      cpu_id().encode()])).hexdigest()[:16]
+
+
 def _build() -> ctypes.CDLL:
     from fastserve.models import cache_dir
 
     cc = os.environ.get("CC", "cc")
     if shutil.which(cc) is None:
         raise RuntimeError(f"no C compiler ({cc!r} not found)")
-    key = hashlib.sha256(b"\0".join([*(src.read_bytes() for src in SOURCES),
-                                     " ".join([cc, *CFLAGS, *LDFLAGS]).encode(),
-                                     cpu_id().encode()])).hexdigest()[:16]
+    key = build_key()
     out_dir = cache_dir() / "kernels"
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / f"fastserve-kernels-{key}.so"
@@ -83,6 +91,8 @@ def _build() -> ctypes.CDLL:
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
     for name, restype, argtypes in (
         ("fs_paged_decode_attention", None, [ptr] * 6 + [i64] * 7 + [ctypes.c_float]),
+        ("fs_prefill_attention", None, [ptr, i64, ptr, ptr, ptr, ptr] + [i64] * 7
+         + [ctypes.c_float]),
         ("fs_small_gemm_packed_size", i64, [i64, i64]),
         ("fs_small_gemm_pack", None, [ptr, ptr, i64, i64]),
         ("fs_small_gemm", None, [ptr] * 4 + [i64] * 3 + [ptr]),
@@ -134,6 +144,30 @@ def paged_decode_attention(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: to
         lens.data_ptr(), out.data_ptr(), batch, heads, kv_heads, dim, block_size,
         tables.shape[1], window or 0, scale)
     return out
+
+
+def prefill_attention(q: torch.Tensor, out: torch.Tensor, k_blocks: torch.Tensor,
+                      v_blocks: torch.Tensor, block_table: torch.Tensor, ctx_len: int,
+                      window: int | None, scale: float) -> bool:
+    """Causal attention of one job's ``n`` new query tokens ``q`` [n, H, D] (rows may be
+    strided, heads and dims contiguous) over its first ``ctx_len`` cached tokens, read in
+    place from the pool, into ``out`` [n, H, D] (contiguous). False when the kernel does not
+    apply (not float32 on the CPU, or not built), and nothing is written."""
+    if not (q.device.type == "cpu" and q.dtype == torch.float32
+            and k_blocks.dtype == torch.float32 and k_blocks.is_contiguous()
+            and v_blocks.is_contiguous() and out.is_contiguous()
+            and q.stride(2) == 1 and q.stride(1) == q.shape[2]):
+        return False
+    lib = library()
+    if lib is None:
+        return False
+    table = block_table.to(torch.int64).contiguous()
+    n, heads, dim = q.shape
+    _, block_size, kv_heads, _ = k_blocks.shape
+    lib.fs_prefill_attention(q.data_ptr(), q.stride(0), out.data_ptr(), k_blocks.data_ptr(),
+                             v_blocks.data_ptr(), table.data_ptr(), n, ctx_len, heads,
+                             kv_heads, dim, block_size, window or 0, scale)
+    return True
 
 
 def small_gemm_pack(weight: torch.Tensor) -> torch.Tensor | None:

@@ -6,6 +6,7 @@
  * Rows of x go 8 at a time (a partial group is padded with zero rows): each weight loaded
  * feeds 8 fused multiply-adds from registers, and no horizontal sums are needed. Written with
  * GCC vector extensions, which the compiler maps to AVX-512, AVX2 or NEON (-march=native).
+ * The weight is prefetched well ahead in software (PREFETCH).
  *
  * Layouts: x [M, K], w [N, K] (PyTorch's), packed [ceil(N / TILE), K, TILE], y [M, N].
  */
@@ -15,6 +16,12 @@
 #define LANES 16
 #define TILE 32
 #define ROWS 8
+/* Weight rows (of TILE floats) fetched ahead, into L2: 8 KB, about one DRAM latency of this
+ * loop's consumption. The hardware prefetchers stop at every 4 KB page, and without this the
+ * loop stalled on its weight loads at half the memory bandwidth (14 against 29 GB/s for
+ * 30 layers of 576 x 3072 weights at 8 rows, 2 threads, Intel Xeon). Reading past the end of
+ * the weight is harmless: a prefetch never faults. */
+#define PREFETCH 64
 typedef float vf __attribute__((vector_size(LANES * sizeof(float))));
 
 static inline vf load(const float *p) {
@@ -46,6 +53,8 @@ static inline void tile8(const float *xr, const float *wt, const float *bias, fl
     vf a0[ROWS], a1[ROWS];
     for (int m = 0; m < ROWS; m++) a0[m] = a1[m] = (vf){0};
     for (int64_t k = 0; k < K; k++) {
+        __builtin_prefetch(wt + (k + PREFETCH) * TILE, 0, 2);
+        __builtin_prefetch(wt + (k + PREFETCH) * TILE + LANES, 0, 2);
         const vf w0 = load(wt + k * TILE), w1 = load(wt + k * TILE + LANES);
         for (int m = 0; m < ROWS; m++) {
             const float xv = xr[m * K + k];
