@@ -67,6 +67,10 @@ class Batcher:
         num_started, started_seen = num_live - num_waiting, 0
         max_batch = config.max_batch_size
         commands = plan.commands
+        # Jobs whose upload is still copying: a command for one would hold the whole
+        # iteration until its copy ends. They run from a later Step, the copy overlapping
+        # this one's compute, unless nothing else can run now (then the wait is free).
+        deferred: list[Job] = []
         for job in order:
             if len(commands) + len(prefills) >= max_batch or budget <= 0:
                 break
@@ -96,10 +100,16 @@ class Batcher:
                 if need > ledger.free_for(job):
                     continue
                 ledger.swap_in(job, plan)
+                if ledger.upload_pending(job, now):
+                    deferred.append(job)
+                    continue
                 if job.num_pending > 1:
                     prefills.append(job)
                     continue
                 self._add(job, 1, step)
+            elif kv.blocks and ledger.uploads_pending and ledger.upload_pending(job, now):
+                deferred.append(job)
+                continue
             elif job.num_pending > 1:
                 n = min(job.num_pending, budget)
                 # A new job may push lower-priority paused jobs out (that is what lets a short
@@ -132,6 +142,14 @@ class Batcher:
                 continue
             chosen.add(job.job_id)
             budget -= 1
+        if deferred and not commands and not prefills:
+            for job in deferred[:max_batch]:
+                if job.num_pending > 1:
+                    prefills.append(job)
+                elif self._fit(job, 1) > 0:
+                    self._add(job, 1, step)
+                    chosen.add(job.job_id)
+                    budget -= 1
         in_prefill = {j.job_id for j in prefills}
         for job in prefills:
             n = self._fit(job, min(job.num_pending, budget))

@@ -293,3 +293,43 @@ def test_a_reactive_upload_waits_for_store_room_instead_of_dropping_kv():
         t += 0.01
         step(core, worker, t)
     assert core.policy.num_promotions > 0 and core.kv.num_recomputes == 0
+
+
+@pytest.mark.parametrize("other_work", [True, False])
+def test_an_upload_runs_beside_the_batch_not_in_its_way(other_work):
+    """With copies priced, a job whose upload is still copying is computed from a later Step
+    (the copy overlapping others' compute) while other jobs can run; with nothing else to run
+    it is computed in the Step of its upload, which then waits for it either way."""
+    from scheduler_svc.core.cost_model import CostModel
+
+    priced = CostModel(decode=LINEAR.decode, prefill=LINEAR.prefill,
+                       kv_bytes_per_token=1000, swap_bytes_per_s=1e6)  # 4 ms per block
+    # A batch of one without the other job, so that job 1 may displace the decoding job 0.
+    config = SchedulerConfig(policy="skip-join-mlfq", kv_policy="reactive", watermark=0.0,
+                             max_batch_size=2 if other_work else 1)
+    core = GroupCore(config, 14, BS, 14 * BS, cost_model=priced, store_blocks=64)
+    worker, t = run_long_jobs(core, 14, 1, prompt_len=30, max_tokens=100, iterations=12)
+    core.add(make_job(1, prompt_len=14, max_tokens=3), t)  # 4 blocks: job 0 is offloaded
+    if other_work:
+        core.add(make_job(2, prompt_len=3, max_tokens=60), t)
+    plan, _ = step(core, worker, t)
+    assert plan.swap_out == [0]
+    upload_step = None
+    while 0 not in {c.job_id for c in (plan.commands if plan else [])}:
+        t += 0.01
+        plan, _ = step(core, worker, t)
+        if plan is not None and [s.job_id for s in plan.swap_in] == [0]:
+            upload_step = t
+            ready = t + priced.swap_time(len(core.jobs[0].kv.blocks), BS)
+            ran = {c.job_id for c in plan.commands}
+            if other_work:
+                assert ran == {2}, "the batch ran without waiting for the upload"
+            else:
+                assert ran == {0}, "nothing else to run: the upload is waited for at once"
+    assert upload_step is not None
+    if other_work:
+        assert t >= ready, "computed before its upload was predicted done"
+    while core.has_work():
+        t += 0.01
+        step(core, worker, t)
+    assert core.kv.num_recomputes == 0 and core.kv.store_used == 0

@@ -41,8 +41,10 @@ class CopyEngine:
             return 0.0
         return self._cost_model.swap_time(num_blocks, self._block_size)
 
-    def queue(self, num_blocks: int) -> None:
+    def queue(self, num_blocks: int) -> float:
+        """Queue a copy of ``num_blocks``; returns when it is predicted to be done."""
         self._busy_until = max(self.now, self._busy_until) + self.seconds(num_blocks)
+        return self._busy_until
 
     def backlog(self) -> float:
         """Seconds of swaps already queued on the worker's copy engine (predicted)."""
@@ -65,6 +67,8 @@ class KVLedger:
         self._holding: dict[int, Job] = {}  # live jobs holding device blocks
         self._offloaded: dict[int, Job] = {}  # live jobs whose KV is in the store
         self._outgoing: dict[int, list[int]] = {}  # swapped out, blocks not yet confirmed free
+        # Uploads not computed on yet: job id -> when the copy engine is predicted to finish.
+        self._ready_at: dict[int, float] = {}
         # A refused swap-out means the store is full or gone: no swaps until this time.
         self._store_retry_at = 0.0
         self.store_up = store_blocks > 0
@@ -118,6 +122,22 @@ class KVLedger:
             return self.allocator.num_free
         return self.allocator.num_free - (self._reserved_total - reserved.get(job.job_id, 0))
 
+    @property
+    def uploads_pending(self) -> bool:
+        """Whether any upload may still be copying (see ``upload_pending``)."""
+        return bool(self._ready_at)
+
+    def upload_pending(self, job: Job, now: float) -> bool:
+        """Whether ``job``'s upload is predicted to be still copying at ``now`` (a command for
+        it would make the whole iteration wait)."""
+        ready = self._ready_at.get(job.job_id)
+        if ready is None:
+            return False
+        if ready <= now:
+            del self._ready_at[job.job_id]
+            return False
+        return True
+
     def num_reserved(self) -> int:
         return self._reserved_total
 
@@ -145,6 +165,7 @@ class KVLedger:
         job.kv.blocks.extend(blocks)
 
     def release(self, job: Job) -> None:
+        self._ready_at.pop(job.job_id, None)
         if job.kv.blocks:
             del self._holding[job.job_id]
         self.allocator.free(job.kv.blocks)
@@ -159,6 +180,7 @@ class KVLedger:
         n = len(kv.blocks)
         self._outgoing[job.job_id] = kv.blocks
         del self._holding[job.job_id]
+        self._ready_at.pop(job.job_id, None)
         kv.blocks = []
         kv.stored = n
         job.num_offloads += 1
@@ -180,7 +202,7 @@ class KVLedger:
         del self._offloaded[job.job_id]
         kv.stored = 0
         self.num_swap_ins += 1
-        self.copies.queue(n)
+        self._ready_at[job.job_id] = self.copies.queue(n)
 
     def unstore(self, job: Job) -> None:
         if job.kv.stored:
@@ -238,6 +260,7 @@ class KVLedger:
         for blocks in self._outgoing.values():
             self.allocator.free(blocks)
         self._outgoing.clear()
+        self._ready_at.clear()
         self.store_used -= self._uploading  # the worker freed their handles with its jobs
         self._uploading = 0
 
@@ -247,6 +270,7 @@ class KVLedger:
         assert set(self._holding) == {j.job_id for j in jobs if j.kv.blocks}
         assert set(self._offloaded) == {j.job_id for j in jobs if j.kv.stored}
         assert all(not j.kv.blocks for j in self._offloaded.values()), "offloaded job holds blocks"
+        assert set(self._ready_at) <= set(self._holding), "an upload for a job holding nothing"
         held_in_store = sum(j.kv.stored for j in jobs) + self._uploading
         assert self.store_used == held_in_store, (
             f"store: {self.store_used} used != {held_in_store} held or uploading"
