@@ -44,7 +44,8 @@ class SchedulerConfig:
         "(one decode at batch 1, from its profile)")
     starve_limit_s: float = setting(
         3.0, "MLFQ: seconds without running before a job is promoted to Q1 (starvation "
-        "prevention; the FastServe authors' code uses 3 s, lower it for tighter tail latency)")
+        "prevention; the FastServe authors' code uses 3 s, lower it for tighter tail latency); "
+        "doubled for each promotion the job has had")
     kv_policy: str = setting(
         "proactive", "what happens to the KV of paused jobs when device blocks run short "
         "(FastServe section 3): 'proactive' offloads the jobs with the largest Estimated Next "

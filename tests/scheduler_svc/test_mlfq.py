@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from core_driver import LINEAR, iteration_cost, make_core, make_job, run_step
 from hypothesis import given, settings
@@ -120,10 +122,12 @@ def test_every_rule_holds_and_every_job_finishes(jobs, policy, batch, budget, bl
             expected = pol.level_for(first) if policy == "skip-join-mlfq" else 0
             assert pol.level[i] == expected
         plan = core.schedule(t)
-        # Promotion happens as the batch is formed: outside Q1, nobody has waited longer than
-        # starve_limit, so no job waits more than starve_limit plus one iteration.
+        # Promotion happens as the batch is formed: outside Q1, nobody has waited past its
+        # limit (starve_limit x 2^times promoted), so no job waits more than that plus one
+        # iteration.
         for jid in pol.level:
-            assert t - pol.last_run[jid] <= starve or pol.level[jid] == 0
+            assert t <= pol.deadline[jid] or pol.level[jid] == 0
+            assert pol.deadline[jid] - t <= starve * 2 ** pol.times_promoted.get(jid, 0) + 1e-9
         if plan is None:
             t = pending[0][1][2] if pending else t + 0.01
             continue
@@ -189,3 +193,26 @@ def test_every_policy_finishes_every_job_under_memory_pressure(jobs, batch, bloc
         iterations += 1
         assert iterations < 20000, "no progress: livelock"
     assert done == set(range(len(fitting))) and core.kv.allocator.num_free == blocks
+
+
+def test_a_starving_job_waits_twice_as_long_before_each_next_promotion():
+    """Under overload every paused job starves; with a fixed limit each would be promoted to
+    Q1 (and its KV swapped back in) every starve_limit, round robin over all of them."""
+    core = make_core(cost_model=LINEAR, policy="mlfq", starve_limit_s=1.0)
+    pol: SkipJoinMLFQ = core.policy
+    job = make_job(0, prompt_len=3, max_tokens=100)
+    core.add(job, 0.0)
+    low = len(pol.quanta) - 1
+    t, promoted_at = 0.0, []
+    for _ in range(3):
+        # Demoted to the lowest queue at t (as after a long run), then never scheduled.
+        del pol._queues[pol.level[0]][0]
+        pol._place(job, low)
+        pol._touch(0, t)
+        while pol.level[0] != 0:
+            t = round(t + 0.01, 2)
+            list(pol.order(t))
+        promoted_at.append(t)
+    waits = [promoted_at[0]] + [b - a for a, b in itertools.pairwise(promoted_at)]
+    assert [round(w, 1) for w in waits] == [1.0, 2.0, 4.0]
+    assert pol.num_promotions == 3

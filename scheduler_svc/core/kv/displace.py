@@ -57,7 +57,7 @@ class Displacement:
             if (swaps and ledger.swappable(v) and n <= room
                     and self._enst.get(v.job_id, 0.0) > 2 * ledger.copies.seconds(n)):
                 room -= n
-            elif not drops:
+            elif not drops or v.num_recomputes >= self.kv_policy.max_drops:
                 continue
             picked.append(v)
             total += n

@@ -9,7 +9,9 @@
 | demotion    | service in its queue > quantum: to the first lower queue whose quantum       |
 |             | covers its next iteration, at the tail, service reset                        |
 | head return | a job that ran and was not demoted goes back to the head of its queue        |
-| promotion   | a job that has not run for starve_limit goes to the tail of Q1               |
+| promotion   | a job that has not run for starve_limit x 2^(times promoted) goes to the     |
+|             | tail of Q1 (the limit doubles per promotion: under overload every paused job |
+|             | starves, and a fixed limit turned the MLFQ into round robin over all of them) |
 | order       | Q1 first, FCFS by arrival into the queue                                     |
 """
 
@@ -42,9 +44,11 @@ class SkipJoinMLFQ(Policy):
         ]
         self.level: dict[int, int] = {}
         self.service: dict[int, float] = {}
-        self.last_run: dict[int, float] = {}  # last time it ran, or arrived / was promoted
-        # (last_run, job id) pushed at every update of last_run; stale entries are skipped.
-        # Finding starving jobs then costs O(log n) per job touched, not a scan of every queue.
+        # When each job starves if it does not run: last run (or arrival, or promotion) plus
+        # its limit. (deadline, job id) is pushed at every update; stale entries are skipped,
+        # so finding starving jobs costs O(log n) per job touched, not a scan of every queue.
+        self.deadline: dict[int, float] = {}
+        self.times_promoted: dict[int, int] = {}
         self._waits: list[tuple[float, int]] = []
 
     def next_iteration_time(self, job: Job) -> float:
@@ -68,8 +72,9 @@ class SkipJoinMLFQ(Policy):
         self._touch(job.job_id, now)
 
     def _touch(self, jid: int, now: float) -> None:
-        self.last_run[jid] = now
-        heapq.heappush(self._waits, (now, jid))
+        limit = self.config.starve_limit_s * 2 ** self.times_promoted.get(jid, 0)
+        self.deadline[jid] = deadline = now + limit
+        heapq.heappush(self._waits, (deadline, jid))
 
     def _place(self, job: Job, lvl: int) -> None:
         self.level[job.job_id] = lvl
@@ -81,24 +86,25 @@ class SkipJoinMLFQ(Policy):
         if lvl is not None:
             del self._queues[lvl][job.job_id]
             del self.service[job.job_id]
-            del self.last_run[job.job_id]
+            del self.deadline[job.job_id]
+            self.times_promoted.pop(job.job_id, None)
 
     def order(self, now: float) -> Iterable[Job]:
         self._promote_starving(now)
         return itertools.chain.from_iterable(q.values() for q in self._queues)
 
     def _promote_starving(self, now: float) -> None:
-        limit = self.config.starve_limit_s
         waits = self._waits
-        while waits and now - waits[0][0] > limit:
-            since, jid = heapq.heappop(waits)
-            if self.last_run.get(jid) != since:
+        while waits and now > waits[0][0]:
+            deadline, jid = heapq.heappop(waits)
+            if self.deadline.get(jid) != deadline:
                 continue  # it ran (or was promoted) since, or it is gone
             lvl = self.level[jid]
             if lvl == 0:
                 continue  # already in Q1; it is pushed again when it next runs
             job = self._queues[lvl].pop(jid)
             self._place(job, 0)
+            self.times_promoted[jid] = self.times_promoted.get(jid, 0) + 1
             self._touch(jid, now)
             self.num_promotions += 1
 
@@ -134,14 +140,12 @@ class SkipJoinMLFQ(Policy):
         below = [0.0]
         for q in self.quanta:
             below.append(below[-1] + q)
-        limit = self.config.starve_limit_s
         out: dict[int, float] = {}
         ahead = rem_sum = below_sum = 0.0
         for lvl, queue in enumerate(self._queues):
             for jid in queue:
                 t_exec = (rem_sum + ahead * below[lvl + 1] - below_sum) / batch_size
-                t_promote = (max(limit - (now - self.last_run[jid]), 0.0) if lvl
-                             else float("inf"))
+                t_promote = max(self.deadline[jid] - now, 0.0) if lvl else float("inf")
                 out[jid] = min(t_exec, t_promote)
                 ahead += 1
                 rem_sum += max(self.quanta[lvl] - self.service[jid], 0.0)
