@@ -90,6 +90,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="synthesized arrivals for traces without timestamps")
     p.add_argument("--cv", type=float, default=1.0, help="Gamma arrivals' coefficient of variation")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prediction-sigma", type=float, default=None, metavar="SIGMA",
+                   help="give jobs predicted output lengths: the true length times lognormal "
+                        "noise exp(N(0, SIGMA)) (0: exact), for the predictive policy")
     p.add_argument("--slo-search", default=None, type=_float_list, metavar="R1,R2,...",
                    help="also search throughput at the SLO over these rates (requests/s)")
     p.add_argument("--slo", type=float, default=None, metavar="S",
@@ -215,7 +218,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     sim = {"cost_model": cost_model, "num_blocks": args.num_blocks,
            "block_size": args.block_size, "max_context": args.max_context,
-           "store_blocks": args.store_blocks}
+           "store_blocks": args.store_blocks, "prediction_sigma": args.prediction_sigma,
+           "prediction_seed": args.seed}
 
     rows: list[dict] = []
     for label, config in configs.items():

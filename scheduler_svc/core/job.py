@@ -79,6 +79,9 @@ class Job:
     worker_lost: bool = False
     num_recomputes: int = 0
     num_offloads: int = 0
+    # Predicted total output tokens (a predictor's, or the simulator's noisy truth); None when
+    # nothing predicts this job. Read by the ``predictive`` policy.
+    predicted_output_tokens: float | None = None
 
     @property
     def num_tokens(self) -> int:

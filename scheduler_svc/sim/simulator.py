@@ -21,6 +21,8 @@ refused request would silently drop out of the figures.
 
 from __future__ import annotations
 
+import math
+import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -127,6 +129,8 @@ def simulate(
     check_invariants: bool = False,
     store_blocks: int = 0,
     stop_above_s_per_token: float | None = None,
+    prediction_sigma: float | None = None,
+    prediction_seed: int = 0,
 ) -> SimResult:
     """Run ``requests`` through a ``GroupCore`` with ``config.policy`` on one simulated worker.
 
@@ -138,6 +142,11 @@ def simulate(
     Swaps are modelled as one copy engine beside the compute: each Step's swap-outs, then its
     swap-ins, are queued on it as the Step starts (``cost_model.swap_time``), and an iteration
     waits only for the uploads of the jobs in its own batch.
+
+    ``prediction_sigma``: give every job a predicted output length, its true length times
+    lognormal noise (``exp(N(0, sigma))``, seeded by ``prediction_seed`` and the request's
+    place in arrival order), for policies that read predictions (``predictive``); 0 is a
+    perfect predictor, None gives none.
 
     ``stop_above_s_per_token``: stop as soon as the mean latency per token over all requests
     is certain to exceed it. A live job's latency per token is at least (now - arrival) /
@@ -153,7 +162,14 @@ def simulate(
             f"max_context must be in [2, num_blocks * block_size = {pool_tokens}], "
             f"got {max_context}: a job that cannot hold its whole context in the pool never ends"
         )
+    if prediction_sigma is not None and prediction_sigma < 0:
+        raise ValueError(f"prediction_sigma must be >= 0, got {prediction_sigma}")
     specs, skipped, clipped = _fit(requests, max_context)
+    predicted: list[float | None] = [None] * len(specs)
+    if prediction_sigma is not None:
+        noise = random.Random(prediction_seed)
+        predicted = [s.output_tokens * math.exp(noise.gauss(0.0, prediction_sigma))
+                     for s in specs]
     core = GroupCore(config, num_blocks, block_size, max_context, cost_model=cost_model,
                          store_blocks=store_blocks)
     swap_time = cost_model.swap_time
@@ -174,7 +190,7 @@ def simulate(
         while next_i < num_specs and specs[next_i].arrival_s <= t:
             s = specs[next_i]
             job = Job(next_i, [1] * s.input_tokens, s.output_tokens, s.arrival_s,
-                      ignore_eos=True)
+                      ignore_eos=True, predicted_output_tokens=predicted[next_i])
             core.add(job, s.arrival_s)
             live_inv += 1.0 / s.output_tokens
             live_arr += s.arrival_s / s.output_tokens
@@ -318,6 +334,8 @@ def throughput_at_slo(
     stop_at_first_miss: bool = True,
     progress: Callable[[int], None] | None = None,
     store_blocks: int = 0,
+    prediction_sigma: float | None = None,
+    prediction_seed: int = 0,
 ) -> SloSearch:
     """The highest arrival rate whose mean latency per output token stays under the SLO.
 
@@ -333,7 +351,8 @@ def throughput_at_slo(
         result = simulate(requests_fn(rate), config=config, cost_model=cost_model,
                           num_blocks=num_blocks, block_size=block_size,
                           max_context=max_context, rate=rate, progress=progress,
-                          store_blocks=store_blocks, stop_above_s_per_token=slo)
+                          store_blocks=store_blocks, stop_above_s_per_token=slo,
+                          prediction_sigma=prediction_sigma, prediction_seed=prediction_seed)
         if result.stopped_at_s_per_token is not None:  # a certain miss, ended early
             search.curve.append(SloPoint(rate, result.stopped_at_s_per_token, False, {},
                                          lower_bound=True))

@@ -172,7 +172,7 @@ jobs_strategy = st.lists(st.tuples(st.integers(1, 40), st.integers(1, 40),
 
 @settings(max_examples=60, deadline=None)
 @given(jobs=jobs_strategy, policy=st.sampled_from(["skip-join-mlfq", "mlfq", "fcfs",
-                                                   "fixed-priority"]),
+                                                   "fixed-priority", "predictive"]),
        kv=st.sampled_from(["proactive", "reactive", "recompute", "defer"]),
        blocks=st.integers(24, 80), store=st.sampled_from([0, 8, 40, 400]),
        batch=st.integers(1, 6))

@@ -1,10 +1,11 @@
 """Scheduling policies by name: ``POLICIES`` and ``make_policy``.
 
 Importing the package imports every policy module, each registering its classes, so the
-registry is complete for anyone who imports it; the modules import only ``base``.
+registry is complete for anyone who imports it; the modules import only ``base`` (and
+``predictive`` the MLFQ it refines).
 """
 
-from scheduler_svc.core.policies import fcfs, mlfq, priority  # noqa: F401
+from scheduler_svc.core.policies import fcfs, mlfq, predictive, priority  # noqa: F401
 from scheduler_svc.core.policies.base import POLICIES, Policy, make_policy, register
 
 __all__ = ["POLICIES", "Policy", "make_policy", "register"]

@@ -1,0 +1,83 @@
+"""Shortest predicted remaining output first, with attained service as the safety net.
+
+| rule        | what happens                                                                 |
+|-------------|------------------------------------------------------------------------------|
+| rank        | predicted output tokens still to come, fewest first (SRPT on predictions)     |
+| wrong guess | a job past its prediction, or with none, ranks by the tokens it has made     |
+|             | (least attained service, as an MLFQ approximates): the longer it has run,   |
+|             | the longer it is likely to run, so an underestimated job sinks               |
+| starvation  | a job that has not run for starve_limit x 2^(times promoted) goes to the     |
+|             | front until it runs (the MLFQ's promotion, with the same backoff)            |
+| ties        | arrival order                                                                |
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+
+from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.cost_model import CostModel
+from scheduler_svc.core.job import Job
+from scheduler_svc.core.policies.base import Policy, register
+
+
+@register
+class Predictive(Policy):
+    name = "predictive"
+
+    def __init__(self, config: SchedulerConfig, cost_model: CostModel | None = None):
+        super().__init__(config, cost_model)
+        self._jobs: dict[int, Job] = {}
+        self._boosted: set[int] = set()  # promoted for starving, until they run
+        self.deadline: dict[int, float] = {}
+        self.times_promoted: dict[int, int] = {}
+        self._waits: list[tuple[float, int]] = []  # (deadline, job id); stale ones skipped
+
+    @staticmethod
+    def remaining(job: Job) -> float:
+        """Predicted output tokens still to come (see the module doc)."""
+        made = len(job.output)
+        predicted = job.predicted_output_tokens
+        if predicted is None or predicted <= made:
+            return float(made)
+        return predicted - made
+
+    def add(self, job: Job, now: float) -> None:
+        self._jobs[job.job_id] = job
+        self._touch(job.job_id, now)
+
+    def remove(self, job: Job) -> None:
+        jid = job.job_id
+        if self._jobs.pop(jid, None) is not None:
+            self._boosted.discard(jid)
+            del self.deadline[jid]
+            self.times_promoted.pop(jid, None)
+
+    def _touch(self, jid: int, now: float) -> None:
+        limit = self.config.starve_limit_s * 2 ** self.times_promoted.get(jid, 0)
+        self.deadline[jid] = deadline = now + limit
+        heapq.heappush(self._waits, (deadline, jid))
+
+    def order(self, now: float) -> Iterable[Job]:
+        waits = self._waits
+        while waits and now > waits[0][0]:
+            deadline, jid = heapq.heappop(waits)
+            if self.deadline.get(jid) != deadline or jid in self._boosted:
+                continue  # it ran since, or it is gone, or already at the front
+            self._boosted.add(jid)
+            self.times_promoted[jid] = self.times_promoted.get(jid, 0) + 1
+            self.num_promotions += 1
+        boosted, remaining = self._boosted, self.remaining
+        return sorted(self._jobs.values(),
+                      key=lambda j: (j.job_id not in boosted, remaining(j), j.job_id))
+
+    def on_iteration(self, ran: list[Job], elapsed_s: float, now: float) -> None:
+        for job in ran:
+            if job.job_id in self._jobs:
+                self._boosted.discard(job.job_id)
+                self._touch(job.job_id, now)
+
+    def queues(self) -> list[tuple[str, int]]:
+        return [("starving", len(self._boosted)),
+                ("ranked", len(self._jobs) - len(self._boosted))]
