@@ -144,8 +144,8 @@ def simulate(
     waits only for the uploads of the jobs in its own batch.
 
     ``prediction_sigma``: give every job a predicted output length, its true length times
-    lognormal noise (``exp(N(0, sigma))``, seeded by ``prediction_seed`` and the request's
-    place in arrival order), for policies that read predictions (``predictive``); 0 is a
+    lognormal noise (``exp(N(0, sigma))``, drawn in arrival order from a generator seeded
+    with ``prediction_seed``), for policies that read predictions (``predictive``); 0 is a
     perfect predictor, None gives none.
 
     ``stop_above_s_per_token``: stop as soon as the mean latency per token over all requests
