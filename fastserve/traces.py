@@ -190,6 +190,19 @@ def _timestamps(path: pathlib.Path, times: np.ndarray, n: int, rate: float | Non
     return times
 
 
+def arrival_times(n: int, rate: float, arrivals: str = "poisson", cv: float = 1.0,
+                  seed: int = 0) -> np.ndarray:
+    """``n`` synthesized arrival times from 0, for workloads without timestamps (as a trace
+    without them gets): Poisson, or Gamma gaps of coefficient of variation ``cv``."""
+    if not (rate > 0 and math.isfinite(rate)):
+        raise ValueError(f"rate must be > 0 requests/s, got {rate!r}")
+    if arrivals not in ARRIVALS:
+        raise ValueError(f"arrivals must be one of {', '.join(ARRIVALS)}, got {arrivals!r}")
+    if not (cv > 0 and math.isfinite(cv)):
+        raise ValueError(f"cv must be > 0, got {cv!r}")
+    return _synthesize(n, rate, arrivals, cv, seed)
+
+
 def _synthesize(n: int, rate: float, arrivals: str, cv: float, seed: int) -> np.ndarray:
     """``n`` arrival times from 0 with mean gap 1/rate: exponential or Gamma(cv) gaps."""
     rng = np.random.default_rng(seed)

@@ -190,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     rates: list[float | None] = list(args.rates) if args.rates else [args.rate]
     try:
-        traces = {rate: bench_serve.trace_from_args(args, rate) for rate in rates}
+        workloads = {rate: bench_serve.workload_from_args(args, rate) for rate in rates}
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -201,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     out_dir = pathlib.Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    n = max(len(t) for t in traces.values())
+    n = max(len(t) for t, _ in workloads.values())
     cluster = _Cluster(args, model, args.max_waiting or max(1024, n))
     summaries: list[dict[str, Any]] = []
     jcts: dict[float | None, dict[str, list[float]]] = {}
@@ -220,9 +220,8 @@ def run(args: argparse.Namespace) -> int:
             "config": config})
 
     try:
-        for rate, trace in traces.items():
+        for rate, (trace, prompts) in workloads.items():
             info = infos[rate] = describe(trace)
-            prompts = bench_serve.make_prompts(trace, args.seed)
             label = rate if rate is not None else info.get("mean_rate")
             kv_policies: list[str | None] = list(args.kv_policies or [None])
             for policy, kv_policy in ((p, k) for p in args.policies for k in kv_policies):
@@ -309,8 +308,12 @@ def _plots(args: argparse.Namespace, out_dir: pathlib.Path, rates: list[float | 
     except ImportError as e:
         bench_serve._warn(f"no plots ({e}); pip install 'fastserve[plot]'")
         return
-    title = (f"{pathlib.Path(args.trace).name}, {args.num_requests or 'all'} requests, "
-             f"length scale {args.length_scale:g}, model {args.model or 'default'}")
+    if args.prompts:
+        title = (f"{pathlib.Path(args.prompts).name}, {args.num_requests or 'all'} prompts, "
+                 f"at most {args.max_tokens} tokens, model {args.model or 'default'}")
+    else:
+        title = (f"{pathlib.Path(args.trace).name}, {args.num_requests or 'all'} requests, "
+                 f"length scale {args.length_scale:g}, model {args.model or 'default'}")
     paths = [plots.plot_jct_cdf(jcts, out_dir / "jct_cdf.png", title)]
     if len(rates) > 1:
         paths.append(plots.plot_latency_vs_rate(summaries, out_dir / "latency_vs_rate.png",

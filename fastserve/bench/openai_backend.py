@@ -2,7 +2,8 @@
 
 The same replay as the gRPC one (``replay.drive``: same arrival times, same synthesized prompts,
 same records and summary), sent as ``POST /v1/completions`` with the prompt as a list of token
-ids, ``max_tokens`` = the trace's output length, ``ignore_eos``, temperature 0, streamed
+ids, ``max_tokens`` = the trace's output length, ``ignore_eos``, temperature 0 (a prompt
+workload's chat prompts as ``POST /v1/chat/completions`` with their own sampling), streamed
 (server-sent events) with ``stream_options.include_usage`` so the server's own token count
 closes each request. The first streamed choice marks the first token; the usage chunk gives
 the output length (the count of streamed choices when a server sends no usage).
@@ -15,6 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from fastserve.bench.prompts import ChatPrompt, Prompt
 from fastserve.bench.replay import STATUS_TIMEOUT_S, WARMUP_MAX_TOKENS, drive, warmup_prompts
 from fastserve.bench.replay import warn as _warn
 from fastserve.traces import TraceRequest
@@ -51,15 +53,24 @@ def completion_body(model: str, prompt: Sequence[int], max_tokens: int) -> dict[
             "stream_options": {"include_usage": True}}
 
 
+def chat_body(model: str, prompt: ChatPrompt) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": prompt.text}],
+            "max_tokens": prompt.max_tokens, "temperature": prompt.temperature,
+            "top_p": prompt.top_p, "seed": prompt.seed, "stream": True,
+            "stream_options": {"include_usage": True}}
+
+
 async def stream_completion(client: Any, root: str, body: dict[str, Any], rec: dict[str, Any],
-                            t0: float, timeout_s: float | None) -> None:
-    """POST one streamed completion; fills ``rec`` (times relative to ``t0``)."""
+                            t0: float, timeout_s: float | None,
+                            endpoint: str = "completions") -> None:
+    """POST one streamed completion (or chat completion); fills ``rec`` (times relative to
+    ``t0``; for a chat, its ``input_tokens`` from the server's usage)."""
     import httpx
 
     streamed = 0
     usage_tokens = None
     try:
-        async with client.stream("POST", f"{root}/completions", json=body,
+        async with client.stream("POST", f"{root}/{endpoint}", json=body,
                                  timeout=httpx.Timeout(timeout_s)) as r:
             if r.status_code != 200:
                 text = (await r.aread()).decode(errors="replace")
@@ -84,6 +95,8 @@ async def stream_completion(client: Any, root: str, body: dict[str, Any], rec: d
                         rec["finish_reason"] = reason
                 if chunk.get("usage"):
                     usage_tokens = chunk["usage"].get("completion_tokens")
+                    if "messages" in body and chunk["usage"].get("prompt_tokens") is not None:
+                        rec["input_tokens"] = chunk["usage"]["prompt_tokens"]
         rec["finish"] = time.perf_counter() - t0
     except httpx.HTTPError as e:
         rec["error"] = f"{type(e).__name__}: {e}"
@@ -94,7 +107,7 @@ async def stream_completion(client: Any, root: str, body: dict[str, Any], rec: d
 
 
 async def replay_openai_async(url: str, trace: Sequence[TraceRequest],
-                              prompts: Sequence[Sequence[int]], *, model: str | None = None,
+                              prompts: Sequence[Prompt], *, model: str | None = None,
                               name: str = "openai", timeout_s: float | None = None,
                               warmup: int = 1, progress: bool = True,
                               desc: str | None = None) -> dict[str, Any]:
@@ -119,7 +132,11 @@ async def replay_openai_async(url: str, trace: Sequence[TraceRequest],
             if rec["error"]:
                 _warn(f"warm-up request failed: {rec['error']}")
 
-        async def one(rec: dict[str, Any], prompt: Sequence[int], t0: float) -> None:
+        async def one(rec: dict[str, Any], prompt: Prompt, t0: float) -> None:
+            if isinstance(prompt, ChatPrompt):
+                await stream_completion(client, root, chat_body(model, prompt), rec, t0,
+                                        timeout_s, endpoint="chat/completions")
+                return
             await stream_completion(client, root, completion_body(model, prompt, rec["max_tokens"]),
                                     rec, t0, timeout_s)
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastserve.bench.openai_backend import base_url, replay_openai_async
+from fastserve.bench.prompts import Prompt
 from fastserve.traces import TraceRequest
 
 STOP_GRACE_S = 30.0
@@ -35,7 +36,7 @@ class Peer:
     command: str | None = None
     model: str | None = None
 
-    def run(self, trace: Sequence[TraceRequest], prompts: Sequence[Sequence[int]],
+    def run(self, trace: Sequence[TraceRequest], prompts: Sequence[Prompt],
             args: argparse.Namespace, desc: str) -> dict[str, Any]:
         """Replay ``trace`` against this peer (started fresh when it has a command)."""
         proc = self.start(args.peer_start_timeout) if self.command else None

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from fastserve.bench.prompts import Prompt
 from fastserve.traces import TraceRequest
 
 PROMPT_TOKEN_RANGE = (1000, 30000)
@@ -40,10 +41,10 @@ def new_record(i: int, r: TraceRequest, request_id: str, sent: float) -> dict[st
     }
 
 
-SendOne = Callable[[dict[str, Any], Sequence[int], float], Awaitable[None]]
+SendOne = Callable[[dict[str, Any], Prompt, float], Awaitable[None]]
 
 
-async def drive(trace: Sequence[TraceRequest], prompts: Sequence[Sequence[int]], one: SendOne,
+async def drive(trace: Sequence[TraceRequest], prompts: Sequence[Prompt], one: SendOne,
                 *, label: str, progress: bool = True) -> list[dict[str, Any]]:
     """The replay shared by every backend: each request on its own task at its arrival time.
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from fastserve.bench.prompts import ChatPrompt, Prompt
 from fastserve.bench.replay import (
     PROMPT_TOKEN_RANGE,
     STATUS_TIMEOUT_S,
@@ -51,8 +52,22 @@ SUMMARY_KEYS = (
 # ---- command line --------------------------------------------------------------------------
 def add_trace_args(p: argparse.ArgumentParser, *, rate_help: str | None = None) -> None:
     """The trace options shared by `bench serve` and `bench compare`."""
-    p.add_argument("--trace", required=True, metavar="FILE",
-                   help="trace file: Azure CSV, ShareGPT lengths CSV or JSONL")
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="trace file: Azure CSV, ShareGPT lengths CSV or JSONL (exact lengths, "
+                   "synthesized token ids, ignore_eos, greedy)")
+    p.add_argument("--prompts", default=None, metavar="FILE",
+                   help="instead of --trace: real instructions, one JSON object with an "
+                   "'instruction' field per line, each sent once as a user chat message with "
+                   "natural output lengths (no ignore_eos; needs --rate)")
+    p.add_argument("--repeat", action="store_true",
+                   help="with --prompts: send the prompts again when --num-requests needs more")
+    p.add_argument("--max-tokens", type=int, default=512,
+                   help="with --prompts: the cap on each answer (default 512)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="with --prompts: sampling temperature (default 0, greedy)")
+    p.add_argument("--top-p", type=float, default=1.0,
+                   help="with --prompts: nucleus sampling (default 1); each request has its "
+                   "own fixed seed")
     p.add_argument("--format", dest="trace_format", default=None,
                    choices=["azure", "sharegpt", "jsonl"], help="default: from the file")
     p.add_argument("--rate", type=float, default=None,
@@ -95,11 +110,34 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def trace_config(args: argparse.Namespace, rate: float | None) -> dict[str, Any]:
+    if args.prompts:
+        return {"prompts": str(args.prompts), "rate": rate, "num_requests": args.num_requests,
+                "repeat": args.repeat, "max_tokens": args.max_tokens,
+                "temperature": args.temperature, "top_p": args.top_p,
+                "arrivals": args.arrivals, "cv": args.cv, "seed": args.seed,
+                "timeout_s": args.timeout_s, "warmup": args.warmup}
     return {"trace": str(args.trace), "format": args.trace_format, "rate": rate,
             "num_requests": args.num_requests, "length_scale": args.length_scale,
             "max_input": args.max_input, "max_output": args.max_output,
             "arrivals": args.arrivals, "cv": args.cv, "seed": args.seed,
             "timeout_s": args.timeout_s, "warmup": args.warmup}
+
+
+def workload_from_args(args: argparse.Namespace,
+                       rate: float | None) -> tuple[list[TraceRequest], list[Prompt]]:
+    """The requests and their prompts: a trace's (token ids) or a prompt file's (chat)."""
+    if bool(args.trace) == bool(args.prompts):
+        raise ValueError("give exactly one of --trace FILE and --prompts FILE")
+    if args.prompts:
+        from fastserve.bench.prompts import prompt_workload
+
+        trace, chats = prompt_workload(
+            args.prompts, rate=rate, num_requests=args.num_requests, repeat=args.repeat,
+            arrivals=args.arrivals, cv=args.cv, seed=args.seed, max_tokens=args.max_tokens,
+            temperature=args.temperature, top_p=args.top_p)
+        return trace, list(chats)
+    trace = trace_from_args(args, rate)
+    return trace, list(make_prompts(trace, args.seed))
 
 
 def trace_from_args(args: argparse.Namespace, rate: float | None) -> list[TraceRequest]:
@@ -113,12 +151,11 @@ def run(args: argparse.Namespace) -> int:
     from fastserve.client import default_address
 
     try:
-        trace = trace_from_args(args, args.rate)
+        trace, prompts = workload_from_args(args, args.rate)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     address = args.openai_url or args.address or default_address()
-    prompts = make_prompts(trace, args.seed)
     try:
         if args.openai_url:
             from fastserve.bench.openai_backend import replay_openai_async
@@ -140,6 +177,9 @@ def run(args: argparse.Namespace) -> int:
     summary = bench_summary(result, rate)
     print_trace_line(info, args)
     print(format_table([summary], baseline=None))
+    if args.prompts:
+        print(f"{summary['num_length_capped']} of {summary['num_requests']} answers hit the "
+              f"{args.max_tokens}-token cap")
     print_failures(summary)
     if args.json:
         write_json(args.json, {
@@ -161,7 +201,7 @@ def make_prompts(trace: Sequence[TraceRequest], seed: int = 0,
             for i, r in enumerate(trace)]
 
 
-def replay(address: str, trace: Sequence[TraceRequest], prompts: Sequence[Sequence[int]], *,
+def replay(address: str, trace: Sequence[TraceRequest], prompts: Sequence[Prompt], *,
            timeout_s: float | None = None, warmup: int = 1, progress: bool = True,
            desc: str | None = None) -> dict[str, Any]:
     """Replay ``trace`` against the scheduler at ``address``; see ``replay_async``."""
@@ -170,7 +210,7 @@ def replay(address: str, trace: Sequence[TraceRequest], prompts: Sequence[Sequen
 
 
 async def replay_async(address: str, trace: Sequence[TraceRequest],
-                       prompts: Sequence[Sequence[int]], *, timeout_s: float | None = None,
+                       prompts: Sequence[Prompt], *, timeout_s: float | None = None,
                        warmup: int = 1, progress: bool = True,
                        desc: str | None = None) -> dict[str, Any]:
     """Send each request at its arrival time; returns ``{"policy", "status", "requests"}``.
@@ -210,11 +250,20 @@ async def replay_async(address: str, trace: Sequence[TraceRequest],
             except grpc.aio.AioRpcError as e:
                 _warn(f"warm-up request failed: {e.code().name}: {e.details()}")
 
-        async def one(rec: dict[str, Any], prompt: Sequence[int], t0: float) -> None:
-            req = pb.GenerateRequest(
-                token_ids=pb.TokenIds(ids=prompt), request_id=rec["request_id"],
-                sampling=pb.SamplingOptions(max_tokens=rec["max_tokens"], temperature=0.0,
-                                            ignore_eos=True))
+        async def one(rec: dict[str, Any], prompt: Prompt, t0: float) -> None:
+            if isinstance(prompt, ChatPrompt):
+                req = pb.GenerateRequest(
+                    chat=pb.ChatMessages(messages=[pb.ChatMessage(role="user",
+                                                                  content=prompt.text)]),
+                    request_id=rec["request_id"],
+                    sampling=pb.SamplingOptions(max_tokens=prompt.max_tokens,
+                                                temperature=prompt.temperature,
+                                                top_p=prompt.top_p, seed=prompt.seed))
+            else:
+                req = pb.GenerateRequest(
+                    token_ids=pb.TokenIds(ids=prompt), request_id=rec["request_id"],
+                    sampling=pb.SamplingOptions(max_tokens=rec["max_tokens"], temperature=0.0,
+                                                ignore_eos=True))
             final = None
             try:
                 async for resp in stub.Generate(req, timeout=timeout_s):
@@ -236,6 +285,8 @@ async def replay_async(address: str, trace: Sequence[TraceRequest],
                 rec["server_queue_time_s"] = final.usage.queue_time_s
                 rec["server_ttft_s"] = final.usage.time_to_first_token_s
                 rec["server_total_time_s"] = final.usage.total_time_s
+                if isinstance(prompt, ChatPrompt):  # its length is the server's to count
+                    rec["input_tokens"] = final.usage.prompt_tokens
                 if rec["error"] is None and rec["finish_reason"] not in ("stop", "length"):
                     rec["error"] = (f"finish reason {rec['finish_reason']}"
                                     + (f": {final.error_message}" if final.error_message else ""))
@@ -294,6 +345,7 @@ def bench_summary(result: dict[str, Any], rate: float | None) -> dict[str, Any]:
     reqs = result["requests"]
     s = summarize_requests(reqs, result["policy"], rate)
     lag = np.array([r["sent"] - r["arrival"] for r in reqs if r.get("sent") is not None])
+    s["num_length_capped"] = sum(1 for r in reqs if r.get("finish_reason") == "length")
     s["mean_send_lag_s"] = float(lag.mean()) if len(lag) else None
     s["max_send_lag_s"] = float(lag.max()) if len(lag) else None
     q = np.array([r["server_queue_time_s"] for r in reqs
@@ -380,6 +432,12 @@ def _ratio(s: dict, b: dict | None, key: str) -> str:
 
 def print_trace_line(info: dict[str, Any], args: argparse.Namespace) -> None:
     rate = info.get("mean_rate")
+    if args.prompts:
+        print(f"prompts {args.prompts}: {info['count']} requests, mean rate {_fmt(rate)} req/s "
+              f"over {_fmt(info.get('span_s'), digits=1)} s; natural lengths, at most "
+              f"{args.max_tokens} tokens, temperature {args.temperature:g}, top-p "
+              f"{args.top_p:g}")
+        return
     print(f"trace {args.trace}: {info['count']} requests, mean rate "
           f"{_fmt(rate)} req/s over {_fmt(info.get('span_s'), digits=1)} s; input tokens mean "
           f"{info.get('mean_input_tokens', 0):.0f} p99 {info.get('p99_input_tokens', 0):.0f}, "

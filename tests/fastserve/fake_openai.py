@@ -3,7 +3,10 @@
 ``POST /v1/completions`` with ``stream`` sends one server-sent event per output token
 (``max_tokens`` of them, every prompt token id must be an int), then a usage chunk and
 ``[DONE]``; a prompt longer than ``MAX_PROMPT`` gets a 400 in OpenAI's error shape.
-``GET /v1/models`` lists one model. Every request body is kept in ``bodies``. Run as a script
+``POST /v1/chat/completions`` answers a user message with ``answer_length(text)`` tokens (at
+most ``max_tokens``), finishing with "stop" (or "length" at the cap), its usage counting the
+message's words as prompt tokens. ``GET /v1/models`` lists one model. Every request body is
+kept in ``bodies``. Run as a script
 (``python fake_openai.py PORT``) it serves until killed.
 """
 
@@ -57,6 +60,9 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         with self.server.lock:
             self.server.bodies.append(body)
+        if self.path == "/v1/chat/completions" and body.get("model") == MODEL:
+            self._chat(body)
+            return
         prompt = body.get("prompt")
         if self.path != "/v1/completions" or body.get("model") != MODEL:
             self._json(404, {"error": {"message": "unknown model or path", "type": "not_found"}})
@@ -85,12 +91,36 @@ class _Handler(BaseHTTPRequestHandler):
         self._chunk(b"data: [DONE]\n\n")
         self._chunk(b"")
 
+    def _chat(self, body: dict) -> None:
+        text = body["messages"][-1]["content"]
+        n = min(answer_length(text), body["max_tokens"])
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for i in range(n):
+            time.sleep(TOKEN_DELAY_S)
+            last = i == n - 1
+            reason = ("length" if n == body["max_tokens"] else "stop") if last else None
+            self._event({"choices": [{"index": 0, "delta": {"content": f"w{i} "},
+                                      "finish_reason": reason}]})
+        words = len(text.split())
+        self._event({"choices": [], "usage": {"prompt_tokens": words, "completion_tokens": n,
+                                              "total_tokens": words + n}})
+        self._chunk(b"data: [DONE]\n\n")
+        self._chunk(b"")
+
     def _event(self, obj: dict) -> None:
         self._chunk(f"data: {json.dumps(obj)}\n\n".encode())
 
     def _chunk(self, data: bytes) -> None:
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
         self.wfile.flush()
+
+
+def answer_length(text: str) -> int:
+    """The fake model's natural answer length for a message."""
+    return 2 + len(text) % 9
 
 
 def start(port: int = 0) -> FakeOpenAI:
