@@ -91,7 +91,7 @@ def _build() -> ctypes.CDLL:
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
     for name, restype, argtypes in (
         ("fs_paged_decode_attention", None, [ptr] * 6 + [i64] * 7 + [ctypes.c_float]),
-        ("fs_prefill_attention", None, [ptr, i64, ptr, ptr, ptr, ptr] + [i64] * 7
+        ("fs_prefill_attention", ctypes.c_int, [ptr, i64, ptr, ptr, ptr, ptr] + [i64] * 7
          + [ctypes.c_float]),
         ("fs_small_gemm_packed_size", i64, [i64, i64]),
         ("fs_small_gemm_pack", None, [ptr, ptr, i64, i64]),
@@ -152,7 +152,8 @@ def prefill_attention(q: torch.Tensor, out: torch.Tensor, k_blocks: torch.Tensor
     """Causal attention of one job's ``n`` new query tokens ``q`` [n, H, D] (rows may be
     strided, heads and dims contiguous) over its first ``ctx_len`` cached tokens, read in
     place from the pool, into ``out`` [n, H, D] (contiguous). False when the kernel does not
-    apply (not float32 on the CPU, or not built), and nothing is written."""
+    apply (not float32 on the CPU, or not built) or could not get its scratch memory: then
+    ``out`` holds nothing usable."""
     if not (q.device.type == "cpu" and q.dtype == torch.float32
             and k_blocks.dtype == torch.float32 and k_blocks.is_contiguous()
             and v_blocks.is_contiguous() and out.is_contiguous()
@@ -164,10 +165,10 @@ def prefill_attention(q: torch.Tensor, out: torch.Tensor, k_blocks: torch.Tensor
     table = block_table.to(torch.int64).contiguous()
     n, heads, dim = q.shape
     _, block_size, kv_heads, _ = k_blocks.shape
-    lib.fs_prefill_attention(q.data_ptr(), q.stride(0), out.data_ptr(), k_blocks.data_ptr(),
-                             v_blocks.data_ptr(), table.data_ptr(), n, ctx_len, heads,
-                             kv_heads, dim, block_size, window or 0, scale)
-    return True
+    rc = lib.fs_prefill_attention(q.data_ptr(), q.stride(0), out.data_ptr(),
+                                  k_blocks.data_ptr(), v_blocks.data_ptr(), table.data_ptr(), n,
+                                  ctx_len, heads, kv_heads, dim, block_size, window or 0, scale)
+    return rc == 0  # -1: no scratch memory; the caller computes it another way
 
 
 def small_gemm_pack(weight: torch.Tensor) -> torch.Tensor | None:

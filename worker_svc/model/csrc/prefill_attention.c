@@ -282,15 +282,18 @@ static void attend_tile(const float *q, int64_t q_stride, float *out, const floa
         }
 }
 
-void fs_prefill_attention(const float *q, int64_t q_stride, float *out, const float *k,
-                          const float *v, const int64_t *table, int64_t n, int64_t ctx_len,
-                          int64_t H, int64_t KVH, int64_t D, int64_t block_size,
-                          int64_t window, float scale) {
+/* Returns 0, or -1 when scratch memory could not be had (then ``out`` is not all written and
+ * the caller must compute the attention another way). */
+int fs_prefill_attention(const float *q, int64_t q_stride, float *out, const float *k,
+                         const float *v, const int64_t *table, int64_t n, int64_t ctx_len,
+                         int64_t H, int64_t KVH, int64_t D, int64_t block_size,
+                         int64_t window, float scale) {
     const int64_t group = H / KVH, tiles = (n + QTOK - 1) / QTOK, R = QTOK * group;
     const int64_t pos0 = ctx_len - n;
     const int64_t stride = (ctx_len + KT - 1) / KT * KT; /* whole key tiles, zero-padded */
     float *kt = (float *)malloc(sizeof(float) * (size_t)(KVH * D * stride));
-    if (kt == NULL) return;
+    if (kt == NULL) return -1;
+    int failed = 0;
 #pragma omp parallel
     {
         /* Every KV head's keys transposed once, [KVH][D][stride], for all the tasks. */
@@ -313,9 +316,15 @@ void fs_prefill_attention(const float *q, int64_t q_stride, float *out, const fl
         w.l = (float *)malloc(sizeof(float) * (size_t)R);
         w.s = (float *)malloc(sizeof(float) * (size_t)(R * KT));
         w.vrows = (const float **)malloc(sizeof(float *) * KT);
+        const int ok = w.q && w.o && w.m && w.l && w.s && w.vrows;
+        if (!ok) {
+#pragma omp atomic write
+            failed = 1;
+        }
         /* The last query tiles see the most keys: hand them out first. */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < tiles * KVH; task++) {
+            if (!ok) continue;
             const int64_t tile = tiles - 1 - task / KVH, h = task % KVH;
             const kv_view kv = {k, v, table, block_size, KVH, D, h};
             const int64_t t0 = tile * QTOK;
@@ -331,4 +340,5 @@ void fs_prefill_attention(const float *q, int64_t q_stride, float *out, const fl
         free(w.vrows);
     }
     free(kt);
+    return failed ? -1 : 0;
 }
