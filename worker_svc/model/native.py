@@ -2,8 +2,8 @@
 
 PyTorch has no paged-attention operator for the CPU, and the well-kept kernel libraries that
 do (vLLM's own, FlashInfer) are either CUDA-only or bound to their host framework's build. So
-the kernels the engine needs beyond PyTorch's, decode attention read in place from the
-paged pool, a linear for decode-sized row counts over a weight packed in column tiles
+the kernels the engine needs beyond PyTorch's, decode and prefill attention read in place
+from the paged pool, a linear for decode-sized row counts over a weight packed in column tiles
 (which the linears' load-time timing picks only where it wins) and the decoder's elementwise
 steps fused (RMSNorm with its residual add, SiLU-and-multiply, RoPE), are small C files built here
 with the system C compiler (``$CC``, default ``cc``) at first use and cached under
