@@ -97,3 +97,36 @@ def test_recompute_from_output_tokens_continues_the_same_draws(engine):
         rest.append(out.results[0].token_id)
     engine.step(StepCommand(free_job_ids=[9]))
     assert done + rest == full
+
+
+def _reference_nucleus(row, p):
+    """The whole-vocabulary sort the sampler used to make every draw."""
+    row = row / p.temperature
+    if p.top_k > 0:
+        kth = torch.topk(row, p.top_k).values[-1]
+        row = row.masked_fill(row < kth, float("-inf"))
+    if p.top_p < 1.0:
+        sorted_logits, order = torch.sort(row, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        drop = torch.zeros_like(probs, dtype=torch.bool).scatter(
+            0, order, (probs.cumsum(-1) - probs) >= p.top_p)
+        row = row.masked_fill(drop, float("-inf"))
+    return torch.softmax(row, dim=-1)
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.2, top_p=0.9), SamplingParams(temperature=1.0, top_p=0.95),
+    SamplingParams(temperature=3.0, top_p=0.5), SamplingParams(temperature=0.7, top_k=40),
+    SamplingParams(temperature=0.7, top_k=40, top_p=0.8), SamplingParams(temperature=1.0)])
+def test_the_nucleus_is_what_a_whole_vocabulary_sort_keeps(params):
+    from worker_svc.sampler import nucleus
+
+    g = torch.Generator().manual_seed(0)
+    for scale in (1.0, 4.0, 12.0):  # flat to peaked rows
+        row = torch.randn(4000, generator=g) * scale
+        ids, probs = nucleus(row, params)
+        expect = _reference_nucleus(row, params)
+        got = torch.zeros_like(expect).index_put_((ids,), probs)
+        torch.testing.assert_close(got, expect, rtol=1e-4, atol=1e-6)
+        (tok,), _ = sample(row.view(1, -1), [params], [3], [11])
+        assert expect[tok] > 0
