@@ -9,6 +9,10 @@ of the replay): the scheduled arrival, when the request was sent, its first toke
 final message. The job completion time (JCT) is finish - arrival, so time a request spent
 waiting to be sent counts against the server, as it would for a real client.
 
+With ``--prompts FILE.jsonl`` the requests are real instructions instead, sent as chat
+messages with natural lengths (``fastserve.bench.prompts``); the prompt's token count is the
+server's (its usage), and the summary counts the answers that hit the cap.
+
 Requests that fail (refused, error, deadline, no final message) are counted in the summary
 (``num_failed``, ``failures``) and listed in the JSON with their error; the latency figures
 are over the completed requests.
@@ -28,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from fastserve.bench.prompts import ChatPrompt, Prompt
+from fastserve.bench.prompts import ChatPrompt, Prompt, prompt_workload
 from fastserve.bench.replay import (
     PROMPT_TOKEN_RANGE,
     STATUS_TIMEOUT_S,
@@ -129,8 +133,6 @@ def workload_from_args(args: argparse.Namespace,
     if bool(args.trace) == bool(args.prompts):
         raise ValueError("give exactly one of --trace FILE and --prompts FILE")
     if args.prompts:
-        from fastserve.bench.prompts import prompt_workload
-
         trace, chats = prompt_workload(
             args.prompts, rate=rate, num_requests=args.num_requests, repeat=args.repeat,
             arrivals=args.arrivals, cv=args.cv, seed=args.seed, max_tokens=args.max_tokens,
