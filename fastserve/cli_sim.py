@@ -93,6 +93,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prediction-sigma", type=float, default=None, metavar="SIGMA",
                    help="give jobs predicted output lengths: the true length times lognormal "
                         "noise exp(N(0, SIGMA)) (0: exact), for the predictive policy")
+    p.add_argument("--predictions", default=None, metavar="FILE",
+                   help="recorded predicted output lengths instead: one line per request of the "
+                        "trace, in its order, a number or {\"predicted_output_tokens\": N}")
     p.add_argument("--slo-search", default=None, type=_float_list, metavar="R1,R2,...",
                    help="also search throughput at the SLO over these rates (requests/s)")
     p.add_argument("--slo", type=float, default=None, metavar="S",
@@ -164,6 +167,28 @@ def _header() -> str:
     return " ".join(cells)
 
 
+def load_predictions(path: str) -> list[float]:
+    """Predicted output lengths, one per line: a number or an object with
+    ``predicted_output_tokens``; a bad line is named."""
+    out = []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read the predictions file {path}: {e}") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+            if isinstance(value, dict):
+                value = value["predicted_output_tokens"]
+            out.append(float(value))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            raise ValueError(f"{path}:{n}: needs a number or an object with "
+                             f"'predicted_output_tokens'") from None
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
@@ -213,13 +238,14 @@ def run(args: argparse.Namespace) -> int:
                               seed=args.seed)
 
         requests = trace(args.rate)
+        predictions = load_predictions(args.predictions) if args.predictions else None
     except ValueError as e:
         print(f"fastserve sim: {e}", file=sys.stderr)
         return 2
     sim = {"cost_model": cost_model, "num_blocks": args.num_blocks,
            "block_size": args.block_size, "max_context": args.max_context,
            "store_blocks": args.store_blocks, "prediction_sigma": args.prediction_sigma,
-           "prediction_seed": args.seed}
+           "prediction_seed": args.seed, "predictions": predictions}
 
     rows: list[dict] = []
     for label, config in configs.items():

@@ -93,9 +93,11 @@ class _Spec:
     arrival_s: float
     input_tokens: int
     output_tokens: int
+    predicted: float | None = None
 
 
-def _fit(requests: Iterable[RequestLike], max_context: int) -> tuple[list[_Spec], int, int]:
+def _fit(requests: Iterable[RequestLike], max_context: int,
+         predictions: Sequence[float] | None = None) -> tuple[list[_Spec], int, int]:
     """Requests sorted by arrival, clipped to ``max_context``; (specs, skipped, clipped).
 
     A job holds at most ``input + output`` tokens and the core finishes it at ``max_context``,
@@ -103,7 +105,11 @@ def _fit(requests: Iterable[RequestLike], max_context: int) -> tuple[list[_Spec]
     more cannot be admitted at all and is skipped.
     """
     specs, skipped, clipped = [], 0, 0
-    for r in sorted(requests, key=lambda r: r.arrival_s):
+    reqs = list(requests)
+    preds: Sequence[float | None] = [None] * len(reqs) if predictions is None else predictions
+    if len(preds) != len(reqs):
+        raise ValueError(f"{len(preds)} predictions for {len(reqs)} requests")
+    for r, predicted in sorted(zip(reqs, preds, strict=True), key=lambda rp: rp[0].arrival_s):
         inp = max(1, int(r.input_tokens))
         out = max(1, int(r.output_tokens))
         if inp >= max_context:
@@ -112,7 +118,7 @@ def _fit(requests: Iterable[RequestLike], max_context: int) -> tuple[list[_Spec]
         if inp + out > max_context:
             out = max_context - inp
             clipped += 1
-        specs.append(_Spec(float(r.arrival_s), inp, out))
+        specs.append(_Spec(float(r.arrival_s), inp, out, predicted))
     return specs, skipped, clipped
 
 
@@ -131,6 +137,7 @@ def simulate(
     stop_above_s_per_token: float | None = None,
     prediction_sigma: float | None = None,
     prediction_seed: int = 0,
+    predictions: Sequence[float] | None = None,
 ) -> SimResult:
     """Run ``requests`` through a ``GroupCore`` with ``config.policy`` on one simulated worker.
 
@@ -146,7 +153,8 @@ def simulate(
     ``prediction_sigma``: give every job a predicted output length, its true length times
     lognormal noise (``exp(N(0, sigma))``, drawn in arrival order from a generator seeded
     with ``prediction_seed``), for policies that read predictions (``predictive``); 0 is a
-    perfect predictor, None gives none.
+    perfect predictor, None gives none. ``predictions``: recorded predicted output lengths
+    instead, one per request of ``requests`` in its order (a predictor's, say).
 
     ``stop_above_s_per_token``: stop as soon as the mean latency per token over all requests
     is certain to exceed it. A live job's latency per token is at least (now - arrival) /
@@ -164,8 +172,12 @@ def simulate(
         )
     if prediction_sigma is not None and prediction_sigma < 0:
         raise ValueError(f"prediction_sigma must be >= 0, got {prediction_sigma}")
-    specs, skipped, clipped = _fit(requests, max_context)
-    predicted: list[float | None] = [None] * len(specs)
+    if prediction_sigma is not None and predictions is not None:
+        raise ValueError("give prediction_sigma or predictions, not both")
+    if predictions is not None and not all(p > 0 and math.isfinite(p) for p in predictions):
+        raise ValueError("predictions must be finite and > 0")
+    specs, skipped, clipped = _fit(requests, max_context, predictions)
+    predicted: list[float | None] = [s.predicted for s in specs]
     if prediction_sigma is not None:
         noise = random.Random(prediction_seed)
         predicted = [s.output_tokens * math.exp(noise.gauss(0.0, prediction_sigma))
@@ -336,6 +348,7 @@ def throughput_at_slo(
     store_blocks: int = 0,
     prediction_sigma: float | None = None,
     prediction_seed: int = 0,
+    predictions: Sequence[float] | None = None,
 ) -> SloSearch:
     """The highest arrival rate whose mean latency per output token stays under the SLO.
 
@@ -352,7 +365,8 @@ def throughput_at_slo(
                           num_blocks=num_blocks, block_size=block_size,
                           max_context=max_context, rate=rate, progress=progress,
                           store_blocks=store_blocks, stop_above_s_per_token=slo,
-                          prediction_sigma=prediction_sigma, prediction_seed=prediction_seed)
+                          prediction_sigma=prediction_sigma, prediction_seed=prediction_seed,
+                          predictions=predictions)
         if result.stopped_at_s_per_token is not None:  # a certain miss, ended early
             search.curve.append(SloPoint(rate, result.stopped_at_s_per_token, False, {},
                                          lower_bound=True))

@@ -4,6 +4,8 @@ predictions it is evaluated with."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from core_driver import LINEAR, make_core, make_job, run_step
 
@@ -64,3 +66,36 @@ def test_simulated_predictions_are_noisy_truth_and_predictive_beats_fcfs():
     assert run("predictive", 1.0).summary() == run("predictive", 1.0).summary()  # seeded
     with pytest.raises(ValueError, match="prediction_sigma"):
         run("predictive", -1.0)
+
+
+def test_recorded_predictions_reach_their_requests_in_trace_order(tmp_path, capsys):
+    """``--predictions FILE``: one per request, in the trace's order; exact ones give the same
+    run as sigma 0, and a bad line or count is named."""
+    from test_simulator import make_requests
+
+    from fastserve.cli import main
+    from scheduler_svc.sim.simulator import simulate as sim
+
+    reqs = make_requests(60, rate=20.0)
+    config = SchedulerConfig(policy="predictive", max_batch_size=4)
+
+    def run(**kw):
+        return sim(reqs, config=config, cost_model=LINEAR, num_blocks=256, **kw).summary()
+
+    exact = [float(r.output_tokens) for r in reqs]
+    assert run(predictions=exact) == run(prediction_sigma=0.0)
+    assert run(predictions=exact[::-1]) != run(predictions=exact)
+    with pytest.raises(ValueError, match="59 predictions for 60 requests"):
+        run(predictions=exact[:-1])
+    with pytest.raises(ValueError, match="not both"):
+        run(predictions=exact, prediction_sigma=1.0)
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"arrival_s": r.arrival_s, "input_tokens": r.input_tokens,
+                                         "output_tokens": r.output_tokens}) + "\n"
+                             for r in reqs))
+    preds = tmp_path / "p.jsonl"
+    preds.write_text("".join(json.dumps({"predicted_output_tokens": v}) + "\n"
+                             for v in exact[:-1]) + "oops\n")
+    assert main(["sim", "--trace", str(trace), "--policies", "predictive",
+                 "--predictions", str(preds), "--cost-model", "opt-13b-a100"]) == 2
+    assert f"{preds}:60" in capsys.readouterr().err
