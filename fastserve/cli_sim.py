@@ -170,20 +170,15 @@ def _header() -> str:
 def load_predictions(path: str) -> list[float]:
     """Predicted output lengths, one per line: a number or an object with
     ``predicted_output_tokens``; a bad line is named."""
+    from fastserve.traces import json_lines
+
     out = []
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"cannot read the predictions file {path}: {e}") from None
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    for n, _, value in json_lines(path, "the predictions file"):
         try:
-            value = json.loads(line)
             if isinstance(value, dict):
                 value = value["predicted_output_tokens"]
             out.append(float(value))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError):
             raise ValueError(f"{path}:{n}: needs a number or an object with "
                              f"'predicted_output_tokens'") from None
     return out

@@ -25,8 +25,10 @@ import csv
 import json
 import math
 import pathlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Any
 
 import numpy as np
 
@@ -268,11 +270,26 @@ def _seconds(value: object) -> float | None:
     return dt.timestamp() + (float("0." + frac) if frac else 0.0)
 
 
-def _lines(path: pathlib.Path) -> list[str]:
+def _lines(path: pathlib.Path, what: str = "the trace") -> list[str]:
     try:
-        return path.read_text().splitlines()
+        return path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: cannot read the trace: {e}") from e
+        raise ValueError(f"{path}: cannot read {what}: {e}") from e
+
+
+def json_lines(path: str | pathlib.Path,
+               what: str = "the trace") -> Iterator[tuple[int, str, Any]]:
+    """(line number, text, parsed value) of every non-blank line of a JSONL file; a file that
+    cannot be read, or a line that is not JSON, is a ValueError naming it."""
+    path = pathlib.Path(path)
+    for line, text in enumerate(_lines(path, what), 1):
+        if not text.strip():
+            continue
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{line}: not valid JSON: {e.msg}") from None
+        yield line, text, value
 
 
 def _read_csv(path: pathlib.Path, fields: tuple[str, ...]):  # type: ignore[no-untyped-def]
@@ -313,13 +330,7 @@ def _read_sharegpt(path: pathlib.Path) -> _Rows:
 def _read_jsonl(path: pathlib.Path) -> _Rows:
     rows = _Rows([], [], [])
     timed: bool | None = None
-    for line, text in enumerate(_lines(path), 1):
-        if not text.strip():
-            continue
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{line}: not valid JSON: {e.msg}") from None
+    for line, text, obj in json_lines(path):
         if not isinstance(obj, dict):
             raise ValueError(  # not TypeError: a bad file, not a bad argument
                 f"{path}:{line}: expected a JSON object, got {text.strip()!r}")

@@ -15,14 +15,13 @@ keeps the output length the model chose and why it stopped.
 
 from __future__ import annotations
 
-import json
 import pathlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from fastserve.traces import TraceRequest, arrival_times
+from fastserve.traces import TraceRequest, arrival_times, json_lines
 
 
 @dataclass(frozen=True)
@@ -42,19 +41,8 @@ Prompt = Sequence[int] | ChatPrompt
 
 def load_instructions(path: str | pathlib.Path) -> list[str]:
     """The ``instruction`` of every line of a JSONL file; a clear error for a bad line."""
-    path = pathlib.Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"cannot read the prompts file {path}: {e}") from None
     out = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
+    for n, _, row in json_lines(path, "the prompts file"):
         text = row.get("instruction") if isinstance(row, dict) else None
         if not isinstance(text, str) or not text.strip():
             raise ValueError(f"{path}:{n}: needs a non-empty string field 'instruction'")

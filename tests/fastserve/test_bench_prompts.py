@@ -49,7 +49,7 @@ def test_more_requests_than_prompts_needs_repeat(prompts_file):
 @pytest.mark.parametrize(("line", "message"), [
     ('{"instruction": ""}', "non-empty string field 'instruction'"),
     ('{"text": "hi"}', "'instruction'"),
-    ("not json", "not JSON"),
+    ("not json", "not valid JSON"),
 ])
 def test_a_bad_line_is_named(tmp_path, line, message):
     path = tmp_path / "bad.jsonl"
