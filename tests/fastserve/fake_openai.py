@@ -76,37 +76,30 @@ class _Handler(BaseHTTPRequestHandler):
                                        "type": "invalid_request_error"}})
             return
         n = body["max_tokens"]
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        for i in range(n):
-            time.sleep(TOKEN_DELAY_S)
-            reason = "length" if i == n - 1 else None
-            self._event({"choices": [{"index": 0, "text": f"t{i} ", "finish_reason": reason}]})
-        if body.get("stream_options", {}).get("include_usage"):
-            self._event({"choices": [], "usage": {"prompt_tokens": len(prompt),
-                                                  "completion_tokens": n,
-                                                  "total_tokens": len(prompt) + n}})
-        self._chunk(b"data: [DONE]\n\n")
-        self._chunk(b"")
+        usage = body.get("stream_options", {}).get("include_usage")
+        self._stream(n, "length", lambda i: {"text": f"t{i} "}, len(prompt) if usage else None)
 
     def _chat(self, body: dict) -> None:
         text = body["messages"][-1]["content"]
         n = min(answer_length(text), body["max_tokens"])
+        self._stream(n, "length" if n == body["max_tokens"] else "stop",
+                     lambda i: {"delta": {"content": f"w{i} "}}, len(text.split()))
+
+    def _stream(self, n: int, last_reason: str, choice, prompt_tokens: int | None) -> None:
+        """n streamed choices (``choice(i)`` fields each), the last with ``last_reason``, a
+        usage chunk unless ``prompt_tokens`` is None, then [DONE]."""
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         for i in range(n):
             time.sleep(TOKEN_DELAY_S)
-            last = i == n - 1
-            reason = ("length" if n == body["max_tokens"] else "stop") if last else None
-            self._event({"choices": [{"index": 0, "delta": {"content": f"w{i} "},
-                                      "finish_reason": reason}]})
-        words = len(text.split())
-        self._event({"choices": [], "usage": {"prompt_tokens": words, "completion_tokens": n,
-                                              "total_tokens": words + n}})
+            reason = last_reason if i == n - 1 else None
+            self._event({"choices": [{"index": 0, **choice(i), "finish_reason": reason}]})
+        if prompt_tokens is not None:
+            self._event({"choices": [], "usage": {"prompt_tokens": prompt_tokens,
+                                                  "completion_tokens": n,
+                                                  "total_tokens": prompt_tokens + n}})
         self._chunk(b"data: [DONE]\n\n")
         self._chunk(b"")
 
