@@ -1,7 +1,8 @@
 """Scheduling policies by name: ``POLICIES`` and ``make_policy``.
 
 Importing the package imports every policy module, each registering its classes, so the
-registry is complete for anyone who imports it; the modules import only ``base``.
+registry is complete for anyone who imports it; the modules import only ``base`` (and
+``starvation``, the deadlines the promoting policies share).
 """
 
 from scheduler_svc.core.policies import fcfs, mlfq, predictive, priority  # noqa: F401

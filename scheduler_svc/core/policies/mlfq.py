@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -26,6 +25,7 @@ from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.cost_model import CostModel
 from scheduler_svc.core.job import Job
 from scheduler_svc.core.policies.base import Policy, register
+from scheduler_svc.core.policies.starvation import StarvationClock
 
 
 @register
@@ -44,12 +44,9 @@ class SkipJoinMLFQ(Policy):
         ]
         self.level: dict[int, int] = {}
         self.service: dict[int, float] = {}
-        # When each job starves if it does not run: last run (or arrival, or promotion) plus
-        # its limit. (deadline, job id) is pushed at every update; stale entries are skipped,
-        # so finding starving jobs costs O(log n) per job touched, not a scan of every queue.
-        self.deadline: dict[int, float] = {}
-        self.times_promoted: dict[int, int] = {}
-        self._waits: list[tuple[float, int]] = []
+        self.starvation = StarvationClock(config.starve_limit_s)
+        self.deadline = self.starvation.deadline  # when each job starves if it does not run
+        self.times_promoted = self.starvation.times_promoted
 
     def next_iteration_time(self, job: Job) -> float:
         """Predicted time of the job's next iteration: a prefill chunk or one decode."""
@@ -72,9 +69,7 @@ class SkipJoinMLFQ(Policy):
         self._touch(job.job_id, now)
 
     def _touch(self, jid: int, now: float) -> None:
-        limit = self.config.starve_limit_s * 2 ** self.times_promoted.get(jid, 0)
-        self.deadline[jid] = deadline = now + limit
-        heapq.heappush(self._waits, (deadline, jid))
+        self.starvation.touch(jid, now)
 
     def _place(self, job: Job, lvl: int) -> None:
         self.level[job.job_id] = lvl
@@ -86,25 +81,20 @@ class SkipJoinMLFQ(Policy):
         if lvl is not None:
             del self._queues[lvl][job.job_id]
             del self.service[job.job_id]
-            del self.deadline[job.job_id]
-            self.times_promoted.pop(job.job_id, None)
+            self.starvation.forget(job.job_id)
 
     def order(self, now: float) -> Iterable[Job]:
         self._promote_starving(now)
         return itertools.chain.from_iterable(q.values() for q in self._queues)
 
     def _promote_starving(self, now: float) -> None:
-        waits = self._waits
-        while waits and now > waits[0][0]:
-            deadline, jid = heapq.heappop(waits)
-            if self.deadline.get(jid) != deadline:
-                continue  # it ran (or was promoted) since, or it is gone
+        for jid in self.starvation.starving(now):
             lvl = self.level[jid]
             if lvl == 0:
                 continue  # already in Q1; it is pushed again when it next runs
             job = self._queues[lvl].pop(jid)
             self._place(job, 0)
-            self.times_promoted[jid] = self.times_promoted.get(jid, 0) + 1
+            self.starvation.promoted(jid)
             self._touch(jid, now)
             self.num_promotions += 1
 
@@ -145,7 +135,7 @@ class SkipJoinMLFQ(Policy):
         for lvl, queue in enumerate(self._queues):
             for jid in queue:
                 t_exec = (rem_sum + ahead * below[lvl + 1] - below_sum) / batch_size
-                t_promote = max(self.deadline[jid] - now, 0.0) if lvl else float("inf")
+                t_promote = self.starvation.time_left(jid, now) if lvl else float("inf")
                 out[jid] = min(t_exec, t_promote)
                 ahead += 1
                 rem_sum += max(self.quanta[lvl] - self.service[jid], 0.0)

@@ -13,13 +13,13 @@
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterable
 
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.cost_model import CostModel
 from scheduler_svc.core.job import Job
 from scheduler_svc.core.policies.base import Policy, register
+from scheduler_svc.core.policies.starvation import StarvationClock
 
 
 @register
@@ -30,9 +30,7 @@ class Predictive(Policy):
         super().__init__(config, cost_model)
         self._jobs: dict[int, Job] = {}
         self._boosted: set[int] = set()  # promoted for starving, until they run
-        self.deadline: dict[int, float] = {}
-        self.times_promoted: dict[int, int] = {}
-        self._waits: list[tuple[float, int]] = []  # (deadline, job id); stale ones skipped
+        self.starvation = StarvationClock(config.starve_limit_s)
 
     @staticmethod
     def remaining(job: Job) -> float:
@@ -45,28 +43,20 @@ class Predictive(Policy):
 
     def add(self, job: Job, now: float) -> None:
         self._jobs[job.job_id] = job
-        self._touch(job.job_id, now)
+        self.starvation.touch(job.job_id, now)
 
     def remove(self, job: Job) -> None:
         jid = job.job_id
         if self._jobs.pop(jid, None) is not None:
             self._boosted.discard(jid)
-            del self.deadline[jid]
-            self.times_promoted.pop(jid, None)
-
-    def _touch(self, jid: int, now: float) -> None:
-        limit = self.config.starve_limit_s * 2 ** self.times_promoted.get(jid, 0)
-        self.deadline[jid] = deadline = now + limit
-        heapq.heappush(self._waits, (deadline, jid))
+            self.starvation.forget(jid)
 
     def order(self, now: float) -> Iterable[Job]:
-        waits = self._waits
-        while waits and now > waits[0][0]:
-            deadline, jid = heapq.heappop(waits)
-            if self.deadline.get(jid) != deadline or jid in self._boosted:
-                continue  # it ran since, or it is gone, or already at the front
+        for jid in self.starvation.starving(now):
+            if jid in self._boosted:
+                continue  # already at the front
             self._boosted.add(jid)
-            self.times_promoted[jid] = self.times_promoted.get(jid, 0) + 1
+            self.starvation.promoted(jid)
             self.num_promotions += 1
         boosted, remaining = self._boosted, self.remaining
         return sorted(self._jobs.values(),
@@ -76,7 +66,7 @@ class Predictive(Policy):
         for job in ran:
             if job.job_id in self._jobs:
                 self._boosted.discard(job.job_id)
-                self._touch(job.job_id, now)
+                self.starvation.touch(job.job_id, now)
 
     def queues(self) -> list[tuple[str, int]]:
         return [("starving", len(self._boosted)),
