@@ -107,9 +107,8 @@ def nucleus(row: torch.Tensor, p: SamplingParams) -> tuple[torch.Tensor, torch.T
     else:
         return torch.arange(vocab, device=row.device), torch.softmax(row, dim=-1)
     if p.top_p < 1.0:
-        cum = probs.cumsum(-1) / probs.sum() if p.top_k > 0 else probs.cumsum(-1)
-        mass = probs / probs.sum() if p.top_k > 0 else probs
-        # Drop a token when the tokens before it already reach top_p; the first always stays.
-        keep = (cum - mass) < p.top_p
+        # probs are the kept distribution's (top-k: its softmax; top-p alone: the full one's),
+        # sorted. Drop a token when the tokens before it already reach top_p; the first stays.
+        keep = (probs.cumsum(-1) - probs) < p.top_p
         ids, probs = ids[keep], probs[keep]
     return ids, probs / probs.sum()
