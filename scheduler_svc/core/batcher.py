@@ -119,7 +119,7 @@ class Batcher:
                     prefills.append(job)
                     continue
                 self._add(job, 1, step)
-            elif kv.blocks and ledger.uploads_pending and ledger.upload_pending(job, now):
+            elif kv.blocks and ledger.upload_pending(job, now):
                 deferred.append(job)
                 continue
             elif job.num_pending > 1:

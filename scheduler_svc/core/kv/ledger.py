@@ -122,11 +122,6 @@ class KVLedger:
             return self.allocator.num_free
         return self.allocator.num_free - (self._reserved_total - reserved.get(job.job_id, 0))
 
-    @property
-    def uploads_pending(self) -> bool:
-        """Whether any upload may still be copying (see ``upload_pending``)."""
-        return bool(self._ready_at)
-
     def upload_pending(self, job: Job, now: float) -> bool:
         """Whether ``job``'s upload is predicted to be still copying at ``now`` (a command for
         it would make the whole iteration wait)."""
