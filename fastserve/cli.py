@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     from fastserve import cli_sim
 
     cli_sim.add_parser(sub)
+    from fastserve.predictor import cli as cli_predictor
+
+    cli_predictor.add_parser(sub)
 
     model = sub.add_parser("model", help="manage model weights")
     model_sub = model.add_subparsers(dest="model_command", required=True)

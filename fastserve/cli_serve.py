@@ -78,6 +78,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kvstore-budget", default=None, metavar="BYTES",
                    help="host memory of the node's KV store, e.g. 4GiB (default: a quarter "
                    "of RAM)")
+    p.add_argument("--predictor", default="auto",
+                   help="the worker's output-length predictor: auto (the artifact `fastserve "
+                   "predictor train` cached for the model, if any), none, or a path")
     p.add_argument("--no-kvstore", action="store_true",
                    help="start no KV store (paused jobs' KV then stays on the device)")
     # The scheduler's own settings, passed on to it when given (its defaults otherwise).
@@ -103,6 +106,7 @@ def worker_command(args: argparse.Namespace, kvstore: str | None = None) -> list
         "--block-size", str(args.block_size), "--listen", f"127.0.0.1:{args.worker_port}",
         "--metrics-port", str(worker_metrics_port(args.metrics_port)),
         "--log-level", getattr(args, "log_level", "INFO"),
+        "--predictor", getattr(args, "predictor", "auto"),
     ]
     if kvstore:
         cmd += ["--kvstore", kvstore]

@@ -35,6 +35,7 @@ class GroupStatus:
     error: str
     model: str
     stats: Stats | None  # the loop's last published snapshot
+    predictor: str = ""  # the worker's output-length predictor (Describe), empty: none
 
 
 class Cluster:
@@ -81,6 +82,7 @@ class Cluster:
 
     def status(self) -> list[GroupStatus]:
         return [GroupStatus(lp.address, lp.state, lp.ready, lp.error,
-                            lp.describe.model if lp.describe is not None else "", lp.stats)
+                            lp.describe.model if lp.describe is not None else "", lp.stats,
+                            lp.describe.predictor if lp.describe is not None else "")
                 for lp in self.loops]
 

@@ -31,6 +31,7 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.
 ITERATION_BUCKETS = (0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05,
                      0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+PREDICTION_ERROR_BUCKETS = (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
 class LoopView(Protocol):
@@ -71,6 +72,11 @@ class SchedulerMetrics(MetricsEndpoint):
                               buckets=ITERATION_BUCKETS, registry=r)
         self.e2e = Histogram("fastserve:e2e_request_latency_seconds",
                              "Arrival to finish.", buckets=LATENCY_BUCKETS, registry=r)
+        self.prediction_error = Histogram(
+            "fastserve:prediction_error_tokens",
+            "Absolute error of the predictor's first estimate of an answer's length, in tokens "
+            "(requests that finished with a prediction).",
+            buckets=PREDICTION_ERROR_BUCKETS, registry=r)
         self.queue_time = Histogram("fastserve:request_queue_time_seconds",
                                     "Arrival to first scheduled.",
                                     buckets=LATENCY_BUCKETS, registry=r)
@@ -117,6 +123,10 @@ class SchedulerMetrics(MetricsEndpoint):
         self.generation_tokens.inc(len(job.output))
         if job.first_scheduled_time is not None:
             self.queue_time.observe(job.first_scheduled_time - job.arrival_time)
+        if job.first_predicted_output_tokens is not None and job.finish_reason in (
+                "stop", "length"):
+            self.prediction_error.observe(abs(job.first_predicted_output_tokens
+                                              - len(job.output)))
         if job.first_token_time is not None:
             self.ttft.observe(job.first_token_time - job.arrival_time)
         if job.finish_time is not None:
@@ -168,6 +178,10 @@ class _LoopCollector(Collector):
                 labels=["worker"]),
             "num_kv_lost": CounterMetricFamily(
                 "fastserve:kv_lost", "Swaps that failed on the worker (the job was recomputed).",
+                labels=["worker"]),
+            "num_predicted": CounterMetricFamily(
+                "fastserve:num_predicted",
+                "Finished requests whose length the worker's predictor estimated.",
                 labels=["worker"]),
             "swap_wait_s": CounterMetricFamily(
                 "fastserve:kv_swap_wait_seconds",

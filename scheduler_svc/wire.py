@@ -47,6 +47,8 @@ def result_from_proto(msg: wpb.StepResponse) -> StepResult:
                 r.job_id, r.num_computed_tokens,
                 r.token_id if r.HasField("token_id") else None,
                 r.logprob if r.HasField("logprob") else None,
+                (r.predicted_remaining_tokens if r.HasField("predicted_remaining_tokens")
+                 else None),
             )
             for r in msg.results
         ],

@@ -60,6 +60,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="this worker's name at the store (default: HOSTNAME:PID)",
     )
     p.add_argument(
+        "--predictor",
+        default="auto",
+        help="output-length predictor artifact: auto (the one `fastserve predictor train` "
+        "cached for this model, if any), none, or a path",
+    )
+    p.add_argument(
         "--profile-at-start",
         action="store_true",
         help="profile (or load the cached profile) before serving",
@@ -107,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             max_context=args.max_context,
             kvstore=args.kvstore,
             kvstore_client_id=args.kvstore_client_id or f"{socket.gethostname()}:{os.getpid()}",
+            predictor=args.predictor,
         )
         # Loaded on the thread that will run every Step (see compute_thread.py).
         compute = ComputeThread()

@@ -23,9 +23,12 @@ that stops short of the prompt's end samples nothing.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -34,6 +37,8 @@ from worker_svc.kv_pool import ClaimProblem, KVPool
 from worker_svc.model.llama import BatchMetadata, DecodeGroup, LlamaModel, PrefillSegment
 from worker_svc.sampler import SamplingParams, sample
 from worker_svc.swap import Residency, SwapEngine, SwapStats
+
+log = logging.getLogger(__name__)
 
 _CLAIM_CODES = {
     ClaimProblem.INVALID: ErrorCode.INVALID_ARGUMENT,
@@ -80,6 +85,23 @@ class JobResult:
     num_computed_tokens: int
     token_id: int | None = None
     logprob: float | None = None
+    # The probe's predicted output tokens still to come after this one (see Probe).
+    predicted_remaining: float | None = None
+
+
+class Probe(Protocol):
+    """Reads hidden states at sampled rows: the output-length predictor, or a recorder of
+    training data. ``layers`` are the decoder layers it reads; ``wants(g)`` says whether a job
+    that has just sampled its g-th output token is observed; ``observe`` returns one predicted
+    remaining length per observed row (or None per row for a recorder)."""
+
+    layers: tuple[int, ...]
+
+    def wants(self, num_generated: int) -> bool: ...
+
+    def observe(self, hidden: dict[int, torch.Tensor], job_ids: Sequence[int],
+                prompt_lens: Sequence[int],
+                generated: Sequence[int]) -> Sequence[float | None]: ...
 
 
 @dataclass
@@ -116,8 +138,9 @@ class Engine:
     """Executes StepCommands on one model and one KV pool."""
 
     def __init__(self, model: LlamaModel, pool: KVPool, max_context: int | None = None,
-                 swap: SwapEngine | None = None):
+                 swap: SwapEngine | None = None, probe: Probe | None = None):
         self.model = model
+        self.probe = probe
         self.pool = pool
         self.device = pool.device
         limit = model.cos.shape[0]
@@ -334,6 +357,12 @@ class Engine:
             decode=self._decode_group(decode_rows, decode_jobs),
             logits_index=torch.tensor(sample_rows, dtype=torch.long, device=dev),
         )
+        probe = self.probe
+        # Sampled rows the probe observes: each such job is about to make its (g+1)-th token.
+        probed = ([i for i, j in enumerate(sample_jobs) if probe.wants(j.num_generated + 1)]
+                  if probe is not None else [])
+        if probed:
+            meta.probe_layers = probe.layers
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
         logits = self.model.forward(input_ids, meta, self.pool)
         for job, n in batch:
@@ -348,11 +377,29 @@ class Engine:
         for job, tok, lp in zip(sample_jobs, tokens, logprobs):
             job.token_ids.append(tok)
             sampled[job.job_id] = (tok, lp)
+        predicted = self._observe(probed, sample_jobs, meta) if probed else {}
         results = []
         for job, _ in batch:
             tok, lp = sampled.get(job.job_id, (None, None))
-            results.append(JobResult(job.job_id, job.num_computed, tok, lp))
+            results.append(JobResult(job.job_id, job.num_computed, tok, lp,
+                                     predicted.get(job.job_id)))
         return results
+
+    def _observe(self, probed: list[int], sample_jobs: list[_Job],
+                 meta: BatchMetadata) -> dict[int, float]:
+        """The probe's predictions for the sampled rows it wants, by job id."""
+        assert self.probe is not None
+        rows = torch.tensor(probed, dtype=torch.long, device=self.device)
+        hidden = {layer: h.index_select(0, rows) for layer, h in meta.probes.items()}
+        jobs = [sample_jobs[i] for i in probed]
+        try:
+            values = self.probe.observe(hidden, [j.job_id for j in jobs],
+                                        [j.num_prompt_tokens for j in jobs],
+                                        [j.num_generated for j in jobs])
+        except Exception:  # a broken probe costs predictions, never tokens
+            log.exception("the output-length probe failed; this step has no predictions")
+            return {}
+        return {j.job_id: v for j, v in zip(jobs, values) if v is not None}
 
     def _segment(self, job: _Job, start: int, n: int, window: int | None) -> PrefillSegment:
         c = job.num_computed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import pathlib
 from dataclasses import dataclass
 
 import torch
@@ -12,6 +13,7 @@ from worker_svc.kv_pool import KVPool, KVPoolConfig
 from worker_svc.model.config import ModelSpec, rope_tables
 from worker_svc.model.linear import KERNELS
 from worker_svc.model.llama import LlamaModel
+from worker_svc.predictor import LengthPredictor, artifact_path
 from worker_svc.swap import SwapEngine
 
 log = logging.getLogger(__name__)
@@ -33,6 +35,9 @@ class EngineConfig:
     kvstore_client_id: str = "worker"
     # CPU matmul kernel of the linears: "auto" times blas and onednn at load (linear.py).
     linear_kernel: str = "auto"
+    # Output-length predictor: "auto" (this model's cached artifact, if trained), "none", or
+    # an artifact path (which must exist).
+    predictor: str = "auto"
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -55,6 +60,31 @@ class LoadedModel:
     spec: ModelSpec
     hf_config: object
     model_path: str
+    predictor: str = ""  # what predicts output lengths (Describe), empty when nothing does
+
+
+def load_predictor(cfg: EngineConfig, model_path: str, spec: ModelSpec,
+                   device: torch.device) -> tuple[LengthPredictor | None, str]:
+    """The predictor ``cfg.predictor`` names and its description, or (None, "")."""
+    if cfg.predictor == "none":
+        return None, ""
+    path = artifact_path(model_path) if cfg.predictor == "auto" else pathlib.Path(cfg.predictor)
+    if not path.is_file():
+        if cfg.predictor == "auto":
+            log.info("no output-length predictor for this model (fastserve predictor train)")
+            return None, ""
+        raise ValueError(f"predictor: {path} does not exist")
+    try:
+        predictor = LengthPredictor.load(path, spec.hidden_size, spec.num_layers, device)
+    except (ValueError, KeyError, RuntimeError) as e:
+        raise ValueError(f"predictor {path}: {e}") from e
+    held = predictor.info.get("held_out", {}).get("first_token", {})
+    desc = f"{path.name} (layer {predictor.layer}"
+    if held:
+        desc += (f"; held-out MAE {held['mae_tokens']:.0f} tokens, Spearman "
+                 f"{held['spearman']:.2f}")
+    log.info("output-length predictor %s", desc + ")")
+    return predictor, desc + ")"
 
 
 def load_engine(cfg: EngineConfig) -> LoadedModel:
@@ -87,4 +117,6 @@ def load_engine(cfg: EngineConfig) -> LoadedModel:
         dtype,
     )
     swap = SwapEngine(pool, cfg.kvstore, client_id=cfg.kvstore_client_id)
-    return LoadedModel(Engine(model, pool, max_positions, swap), spec, hf_config, path)
+    predictor, described = load_predictor(cfg, path, spec, device)
+    return LoadedModel(Engine(model, pool, max_positions, swap, predictor), spec, hf_config,
+                       path, described)

@@ -81,6 +81,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             store_capacity_blocks=store.capacity_blocks,
             store_same_node=store.same_node,
             store_block_bytes=store.block_bytes,
+            predictor=self.loaded.predictor,
         )
 
     def Profile(

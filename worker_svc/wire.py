@@ -145,6 +145,7 @@ def step_outcome_to_proto(
                 num_computed_tokens=r.num_computed_tokens,
                 token_id=r.token_id,
                 logprob=r.logprob,
+                predicted_remaining_tokens=r.predicted_remaining,
             )
             for r in out.results
         ],
@@ -167,6 +168,8 @@ def step_outcome_from_proto(msg: pb.StepResponse) -> StepOutcome:
                 r.num_computed_tokens,
                 r.token_id if r.HasField("token_id") else None,
                 r.logprob if r.HasField("logprob") else None,
+                (r.predicted_remaining_tokens if r.HasField("predicted_remaining_tokens")
+                 else None),
             )
             for r in msg.results
         ],

@@ -16,11 +16,17 @@ multiple of FCFS's when fcfs is among the policies. Writes to ``--out-dir``: the
 every policy (``jct_cdf.png``), mean and p95 latency per token against the rate when there
 are several rates (``latency_vs_rate.png``), ``summaries.json`` and one JSON per run with
 every request (``<policy>_rate<R>.json``, as `bench serve --json` writes).
+
+With ``--prompts`` (natural lengths), ``srpt-oracle`` is told each answer's length as the first
+run at the same rate measured it (``output_length_hint``; put another policy before it): every
+request has its own sampling seed, so later runs draw the same answers, up to float ties
+between batch shapes.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import pathlib
 import shlex
 import sys
@@ -219,6 +225,9 @@ def run(args: argparse.Namespace) -> int:
             "summary": summary, "requests": result["requests"], "trace": info,
             "config": config})
 
+    # Output lengths the model chose in the first run at each rate of a prompt workload: the
+    # srpt-oracle policy is told them (runs after it sample the same: one seed per request).
+    measured: dict[float | None, list[int | None]] = {}
     try:
         for rate, (trace, prompts) in workloads.items():
             info = infos[rate] = describe(trace)
@@ -228,10 +237,13 @@ def run(args: argparse.Namespace) -> int:
                 # One label per run: the policy, plus the KV policy when several are compared.
                 name = policy if len(kv_policies) == 1 else f"{policy}+{kv_policy}"
                 started = time.monotonic()
+                sent = prompts
+                if policy == "srpt-oracle" and args.prompts:
+                    sent = _with_hints(prompts, measured.get(rate))
                 try:
                     address = cluster.start(policy, kv_policy)
                     result = bench_serve.replay(
-                        address, trace, prompts, timeout_s=args.timeout_s, warmup=args.warmup,
+                        address, trace, sent, timeout_s=args.timeout_s, warmup=args.warmup,
                         progress=not args.no_progress,
                         desc=f"{name} @ {bench_serve._fmt(label)} req/s")
                 except (ChildFailed, ConnectionError) as e:
@@ -243,6 +255,9 @@ def run(args: argparse.Namespace) -> int:
                     cluster.stop_scheduler()
                 record(name, result, started,
                        _config(args, rate, model, cluster, policy, result["status"]))
+                if args.prompts and rate not in measured:
+                    measured[rate] = [r["output_tokens"] if r.get("error") is None else None
+                                      for r in result["requests"]]
             for peer in peers:
                 started = time.monotonic()
                 try:
@@ -270,6 +285,7 @@ def run(args: argparse.Namespace) -> int:
     if any(s.get("num_swap_outs") or s.get("num_recomputes") for s in summaries):
         print(bench_serve.format_kv_table(summaries))
     for s in summaries:
+        bench_serve.print_predictions(s)
         bench_serve.print_failures(s)
     bench_serve.write_json(str(out_dir / "summaries.json"), summaries)
     if args.json:
@@ -279,6 +295,15 @@ def run(args: argparse.Namespace) -> int:
     for error in errors:
         print(f"error: {error}", file=sys.stderr)
     return 0 if not errors and all(s["num_failed"] == 0 for s in summaries) else 1
+
+
+def _with_hints(prompts: list, lengths: list[int | None] | None) -> list:
+    """The prompts with each answer's measured length as its hint (for srpt-oracle)."""
+    if lengths is None:
+        bench_serve._warn("srpt-oracle runs first at this rate, so no lengths were measured: "
+                          "it ranks by the cap alone (put another policy before it)")
+        return prompts
+    return [dataclasses.replace(p, output_length_hint=n) for p, n in zip(prompts, lengths)]
 
 
 def _rate_tag(rate: float | None) -> str:

@@ -33,6 +33,8 @@ class ChatPrompt:
     temperature: float
     top_p: float
     seed: int
+    # The answer's length measured in an earlier run, sent to the srpt-oracle policy.
+    output_length_hint: int | None = None
 
 
 # What one request sends: token ids (trace replay) or a chat message (a prompt workload).

@@ -182,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
     if args.prompts:
         print(f"{summary['num_length_capped']} of {summary['num_requests']} answers hit the "
               f"{args.max_tokens}-token cap")
+    print_predictions(summary)
     print_failures(summary)
     if args.json:
         write_json(args.json, {
@@ -260,7 +261,8 @@ async def replay_async(address: str, trace: Sequence[TraceRequest],
                     request_id=rec["request_id"],
                     sampling=pb.SamplingOptions(max_tokens=prompt.max_tokens,
                                                 temperature=prompt.temperature,
-                                                top_p=prompt.top_p, seed=prompt.seed))
+                                                top_p=prompt.top_p, seed=prompt.seed),
+                    output_length_hint=prompt.output_length_hint)
             else:
                 req = pb.GenerateRequest(
                     token_ids=pb.TokenIds(ids=prompt), request_id=rec["request_id"],
@@ -289,6 +291,8 @@ async def replay_async(address: str, trace: Sequence[TraceRequest],
                 rec["server_total_time_s"] = final.usage.total_time_s
                 if isinstance(prompt, ChatPrompt):  # its length is the server's to count
                     rec["input_tokens"] = final.usage.prompt_tokens
+                if final.HasField("predicted_output_tokens"):
+                    rec["predicted_output_tokens"] = final.predicted_output_tokens
                 if rec["error"] is None and rec["finish_reason"] not in ("stop", "length"):
                     rec["error"] = (f"finish reason {rec['finish_reason']}"
                                     + (f": {final.error_message}" if final.error_message else ""))
@@ -353,6 +357,7 @@ def bench_summary(result: dict[str, Any], rate: float | None) -> dict[str, Any]:
     q = np.array([r["server_queue_time_s"] for r in reqs
                   if r.get("error") is None and r.get("server_queue_time_s") is not None])
     s["mean_server_queue_time_s"] = float(q.mean()) if len(q) else None
+    s.update(prediction_error(reqs))
     s["failures"] = dict(collections.Counter(
         _short(r["error"]) for r in reqs if r.get("error") is not None).most_common())
     status = result.get("status") or {}
@@ -362,6 +367,21 @@ def bench_summary(result: dict[str, Any], rate: float | None) -> dict[str, Any]:
                 "num_recomputes", "num_preemptions"):
         s[key] = sum(float(w.get(key, 0)) for w in workers)
     return s
+
+
+def prediction_error(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The predictor's first estimates against the lengths the model chose (completed
+    requests the server predicted): count, mean absolute error, Spearman rank correlation."""
+    from fastserve.predictor.rank import spearman
+
+    pairs = [(r["predicted_output_tokens"], r["output_tokens"]) for r in records
+             if r.get("error") is None and r.get("predicted_output_tokens") is not None]
+    if not pairs:
+        return {"num_predicted": 0}
+    pred, true = np.array(pairs, dtype=float).T
+    return {"num_predicted": len(pairs),
+            "prediction_mae_tokens": float(np.abs(pred - true).mean()),
+            "prediction_spearman": spearman(pred, true)}
 
 
 def jcts(records: Sequence[dict[str, Any]]) -> list[float]:
@@ -446,6 +466,14 @@ def print_trace_line(info: dict[str, Any], args: argparse.Namespace) -> None:
           f"output tokens mean {info.get('mean_output_tokens', 0):.0f} p99 "
           f"{info.get('p99_output_tokens', 0):.0f} (length scale {args.length_scale:g}, caps "
           f"{args.max_input}/{args.max_output})")
+
+
+def print_predictions(summary: dict[str, Any]) -> None:
+    """The server's length predictions against the answers (when it predicted any)."""
+    if summary.get("num_predicted"):
+        print(f"{summary['policy']}: predicted lengths of {summary['num_predicted']} answers: "
+              f"MAE {summary['prediction_mae_tokens']:.1f} tokens, Spearman "
+              f"{summary['prediction_spearman']:.3f}")
 
 
 def print_failures(summary: dict[str, Any]) -> None:

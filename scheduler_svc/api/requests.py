@@ -83,5 +83,7 @@ def build_job(request: spb.GenerateRequest, *, job_id: int, request_id: str, now
         request_id=request_id,
         eos_token_ids=eos_token_ids,
         ignore_eos=s.ignore_eos,
+        output_length_hint=(request.output_length_hint or None
+                            if request.HasField("output_length_hint") else None),
     )
     return job, stop

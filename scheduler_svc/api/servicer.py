@@ -34,7 +34,8 @@ FINISH = {
 _WORKER_STATS = (
     "num_blocks", "num_used_blocks", "num_iterations", "num_preemptions", "num_recomputes",
     "num_demotions", "num_promotions", "store_blocks", "store_used_blocks", "num_offloaded",
-    "num_swap_outs", "num_swap_ins", "num_kv_lost", "swap_wait_s",
+    "num_swap_outs", "num_swap_ins", "num_kv_lost", "swap_wait_s", "num_predicted",
+    "prediction_mae_tokens",
 )
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
@@ -127,7 +128,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if stop_string:
             reason = spb.FINISH_REASON_STOP
         return spb.Final(finish_reason=reason,
-                         usage=usage, error_message=job.error, stop_string=stop_string)
+                         usage=usage, error_message=job.error, stop_string=stop_string,
+                         predicted_output_tokens=job.first_predicted_output_tokens)
 
     async def Cancel(self, request: spb.CancelRequest,
                      context: grpc.aio.ServicerContext) -> spb.CancelResponse:
@@ -141,7 +143,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         queues: dict[str, int] = {}
         for g in self.cluster.status():
             w = spb.WorkerStatus(address=g.address, state=g.state, healthy=g.ready,
-                                 error=g.error, model=g.model)
+                                 error=g.error, model=g.model, predictor=g.predictor)
             st = g.stats
             if st is not None:
                 for name in _WORKER_STATS:

@@ -71,6 +71,8 @@ class TokenResult:
     num_computed: int
     token_id: int | None = None
     logprob: float | None = None
+    # The worker's predicted output tokens still to come after token_id, when it predicts.
+    predicted_remaining: float | None = None
 
 
 @dataclass
@@ -122,3 +124,7 @@ class Stats:
     num_kv_lost: int = 0  # swaps that failed on the worker (the job was recomputed)
     swap_wait_s: float = 0.0
     num_in_flight: int = 0  # plans handed out and not answered yet
+    # Finished jobs the worker's predictor estimated, and the mean absolute error of the
+    # first estimate of their output length, in tokens.
+    num_predicted: int = 0
+    prediction_mae_tokens: float = 0.0

@@ -60,6 +60,8 @@ class GroupCore:
         self._next_step_id = 0
         self._in_flight: dict[int, StepPlan] = {}
         self._busy: set[int] = set()  # jobs in the plans in flight
+        self.num_predicted = 0  # finished jobs with a first predicted length
+        self._prediction_abs_error = 0.0  # summed |first prediction - output length|
 
     # ---- admission and termination -------------------------------------------------------
     @property
@@ -97,6 +99,11 @@ class GroupCore:
         job.kv.on_worker = False
         reason = job.finish_reason or "error"
         self.num_finished[reason] = self.num_finished.get(reason, 0) + 1
+        if job.first_predicted_output_tokens is not None and status in (
+                JobStatus.FINISHED_STOPPED, JobStatus.FINISHED_LENGTH):
+            self.num_predicted += 1
+            self._prediction_abs_error += abs(job.first_predicted_output_tokens
+                                              - len(job.output))
 
     def cancel(self, job_id: int, now: float) -> Job | None:
         job = self.jobs.get(job_id)
@@ -210,6 +217,8 @@ class GroupCore:
             job.output.append(r.token_id)
             if job.first_token_time is None:
                 job.first_token_time = now
+            if r.predicted_remaining is not None:
+                self._predicted(job, r.predicted_remaining)
             status = self._finish_status(job)
             if status is not None:
                 self.finish(job, status, now)
@@ -218,6 +227,15 @@ class GroupCore:
                if (job := jobs.get(c.job_id)) is not None and not job.status.finished]
         self.policy.on_iteration(ran, result.compute_time_s, now)
         return updates
+
+    @staticmethod
+    def _predicted(job: Job, remaining: float) -> None:
+        """The worker's estimate of the tokens still to come, as a total within the cap. A
+        job still running makes at least one more token (its end-of-sequence one)."""
+        total = min(len(job.output) + max(remaining, 1.0), float(job.max_tokens))
+        job.predicted_output_tokens = total
+        if job.first_predicted_output_tokens is None:
+            job.first_predicted_output_tokens = total
 
     def _finish_status(self, job: Job) -> JobStatus | None:
         if not job.ignore_eos and job.output[-1] in job.eos_token_ids:
@@ -250,6 +268,9 @@ class GroupCore:
             num_kv_lost=kv.num_kv_lost,
             swap_wait_s=self.swap_wait_s,
             num_in_flight=len(self._in_flight),
+            num_predicted=self.num_predicted,
+            prediction_mae_tokens=(self._prediction_abs_error / self.num_predicted
+                                   if self.num_predicted else 0.0),
         )
 
     def check_invariants(self) -> None:

@@ -79,9 +79,13 @@ class Job:
     worker_lost: bool = False
     num_recomputes: int = 0
     num_offloads: int = 0
-    # Predicted total output tokens (a predictor's, or the simulator's noisy truth); None when
-    # nothing predicts this job. Read by the ``predictive`` policy.
+    # Predicted total output tokens (the worker's predictor, refined as the job decodes, or
+    # the simulator's noisy truth); None when nothing predicts this job. Read by the
+    # ``predictive`` policy. The first estimate is kept to measure the predictor's error.
     predicted_output_tokens: float | None = None
+    first_predicted_output_tokens: float | None = None
+    # The client's stated answer length (a benchmark's oracle); read by ``srpt-oracle`` only.
+    output_length_hint: int | None = None
 
     @property
     def num_tokens(self) -> int:

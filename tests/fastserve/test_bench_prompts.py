@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 
 import pytest
 from fake_openai import answer_length, start
@@ -103,3 +104,34 @@ def test_trace_and_prompts_are_exclusive(prompts_file, capsys):
     assert "--rate" in capsys.readouterr().err
     assert main(["bench", "serve", "--rate", "1"]) == 2
     assert "exactly one of --trace" in capsys.readouterr().err
+
+
+def test_the_oracle_is_told_the_lengths_of_an_earlier_run():
+    from fastserve.bench.compare import _with_hints
+
+    prompts = [ChatPrompt(t, 64, 0.2, 0.9, i) for i, t in enumerate(TEXTS[:3])]
+    hinted = _with_hints(prompts, [12, None, 40])
+    assert [p.output_length_hint for p in hinted] == [12, None, 40]
+    assert [p.text for p in hinted] == [p.text for p in prompts]
+    assert _with_hints(prompts, None) == prompts  # nothing measured: warned, unchanged
+
+
+def test_the_predictors_error_is_summarized_over_predicted_requests():
+    from fastserve.bench.serve import prediction_error
+
+    recs = [{"error": None, "output_tokens": n, "predicted_output_tokens": p}
+            for n, p in ((10, 12.0), (50, 30.0), (100, 90.0), (20, None))]
+    recs.append({"error": "boom", "output_tokens": 5, "predicted_output_tokens": 500.0})
+    s = prediction_error(recs)
+    assert s["num_predicted"] == 3
+    assert s["prediction_mae_tokens"] == pytest.approx((2 + 20 + 10) / 3)
+    assert s["prediction_spearman"] == pytest.approx(1.0)
+    assert prediction_error(recs[3:]) == {"num_predicted": 0}
+
+
+def test_spearman_averages_ties():
+    from fastserve.predictor.rank import ranks, spearman
+
+    assert ranks([3, 1, 2, 2]).tolist() == [3.0, 0.0, 1.5, 1.5]
+    assert spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert math.isnan(spearman([1, 1, 1], [1, 2, 3]))

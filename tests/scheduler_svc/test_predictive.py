@@ -99,3 +99,42 @@ def test_recorded_predictions_reach_their_requests_in_trace_order(tmp_path, caps
     assert main(["sim", "--trace", str(trace), "--policies", "predictive",
                  "--predictions", str(preds), "--cost-model", "opt-13b-a100"]) == 2
     assert f"{preds}:60" in capsys.readouterr().err
+
+
+def test_the_workers_predictions_rank_jobs_and_their_error_is_counted():
+    """Predictions arrive with sampled tokens: each is a total within the cap, the latest
+    ranks the job, the first is kept and scored against the length the job reached."""
+    from scheduler_svc.core.contract import StepResult, TokenResult
+
+    core = make_core(cost_model=LINEAR, policy="predictive", max_batch_size=2)
+    core.add(make_job(0, max_tokens=6), 0.0)
+    core.add(make_job(1, max_tokens=6), 0.0)
+    plan = core.schedule(0.0)
+    results = [TokenResult(c.job_id, c.num_computed, 7, -0.1,
+                           {0: 3.0, 1: 40.0}[c.job_id]) for c in plan.commands]
+    core.update(plan.step_id, StepResult(results, [], 0.01), 0.01)
+    a, b = core.jobs[0], core.jobs[1]
+    assert (a.predicted_output_tokens, b.predicted_output_tokens) == (4.0, 6.0)  # b capped
+    assert a.first_predicted_output_tokens == 4.0
+    assert [j.job_id for j in core.policy.order(0.02)] == [0, 1]
+    plan = core.schedule(0.02)
+    results = [TokenResult(c.job_id, c.num_computed, 7, -0.1, 0.0 if c.job_id == 1 else None)
+               for c in plan.commands]
+    core.update(plan.step_id, StepResult(results, [], 0.01), 0.03)
+    # A live job makes at least one more token (its end-of-sequence one): 0 reads as 1.
+    assert b.predicted_output_tokens == 3.0 and b.first_predicted_output_tokens == 6.0
+    assert [j.job_id for j in core.policy.order(0.04)] == [1, 0]  # the refresh re-ranks
+    for i in range(8):
+        run_step(core, 0.05 + 0.02 * i)
+    stats = core.stats()
+    assert not core.jobs and stats.num_predicted == 2
+    # Both ran to their cap of 6: |4 - 6| and |6 - 6|.
+    assert stats.prediction_mae_tokens == pytest.approx(1.0)
+
+
+def test_the_oracle_reads_the_clients_hint_before_the_cap():
+    core = make_core(cost_model=LINEAR, policy="srpt-oracle")
+    core.add(make_job(0, max_tokens=100, output_length_hint=30), 0.0)
+    core.add(make_job(1, max_tokens=50), 0.0)
+    core.add(make_job(2, max_tokens=100, output_length_hint=10), 0.0)
+    assert [j.job_id for j in core.policy.order(0.0)] == [2, 0, 1]

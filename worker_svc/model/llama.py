@@ -48,6 +48,11 @@ class BatchMetadata:
     prefills: list[PrefillSegment] = field(default_factory=list)
     decode: DecodeGroup | None = None
     logits_index: torch.Tensor | None = None  # [S] rows whose next-token logits are wanted
+    # Layers whose output (the residual stream, before the next norm) is kept at the
+    # ``logits_index`` rows, for a probe such as the output-length predictor; filled into
+    # ``probes`` by the forward pass.
+    probe_layers: tuple[int, ...] = ()
+    probes: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 class LlamaModel:
@@ -148,6 +153,9 @@ class LlamaModel:
                 h = self._rms_norm(x, layer["post_norm"])
                 gate, up = layer["gate_up"](h).chunk(2, dim=-1)
                 pending = layer["down"](F.silu(gate) * up)
+            if i in meta.probe_layers and meta.logits_index is not None:
+                rows = meta.logits_index
+                meta.probes[i] = x[rows] + pending[rows]
         if pending is not None:
             x.add_(pending)
         if meta.logits_index is None or meta.logits_index.numel() == 0:

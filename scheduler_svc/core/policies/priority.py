@@ -45,11 +45,13 @@ class ShortestPromptFirst(_SortedPolicy):
 
 @register
 class SRPTOracle(_SortedPolicy):
-    """Shortest remaining output first, told the true output length (``max_tokens`` in trace
-    replay, where every request runs to exactly its length). A lower bound for evaluation,
-    not a deployable policy."""
+    """Shortest remaining output first, told the true output length: the client's
+    ``output_length_hint`` (a benchmark that measured each answer in an earlier run) or else
+    ``max_tokens`` (trace replay, where every request runs to exactly its length). A bound
+    for evaluation, not a deployable policy."""
 
     name = "srpt-oracle"
 
     def key(self, job: Job) -> float:
-        return job.max_tokens - len(job.output) + job.num_pending / 1e6
+        total = job.output_length_hint or job.max_tokens
+        return max(total - len(job.output), 0) + job.num_pending / 1e6

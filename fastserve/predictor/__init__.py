@@ -1,0 +1,1 @@
+"""Offline training of the output-length predictor (``fastserve predictor train``)."""

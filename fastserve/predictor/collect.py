@@ -1,0 +1,116 @@
+"""Run prompts through an engine and record what the predictor learns from.
+
+Each prompt is rendered as one user chat message (as the scheduler renders a chat request),
+sampled with its own seed, and run to its end-of-sequence token or the cap, up to
+``batch_size`` at a time, on ``worker_svc.engine.Engine`` directly (no services). The
+``Recorder`` probe keeps, at every step where ``predictor.wanted`` says a serving predictor
+would predict, the hidden state of each candidate layer; once a job ends, each of its samples
+gets its label, the output tokens still to come.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from worker_svc.engine import Engine, JobCommand, NewJob, StepCommand
+from worker_svc.predictor import features, wanted
+from worker_svc.sampler import SamplingParams
+
+
+@dataclass
+class Samples:
+    """Training rows: features per candidate layer, the prompt each came from, the tokens
+    generated when it was taken and the tokens still to come."""
+
+    layers: tuple[int, ...]
+    feats: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+    prompt_index: list[int] = field(default_factory=list)
+    generated: list[int] = field(default_factory=list)
+    remaining: list[int] = field(default_factory=list)
+
+    def tensors(self) -> tuple[dict[int, torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
+        return ({layer: torch.stack(rows) for layer, rows in self.feats.items()},
+                torch.tensor(self.prompt_index), torch.tensor(self.generated),
+                torch.tensor(self.remaining, dtype=torch.float32))
+
+
+class Recorder:
+    """An engine probe that records features instead of predicting (see ``Probe``)."""
+
+    def __init__(self, layers: Sequence[int], refresh: int):
+        self.layers = tuple(layers)
+        self.refresh = refresh
+        # Per live job id: (generated, {layer: features}) rows waiting for the job's end.
+        self.pending: dict[int, list[tuple[int, dict[int, torch.Tensor]]]] = {}
+
+    def wants(self, num_generated: int) -> bool:
+        return wanted(num_generated, self.refresh)
+
+    def observe(self, hidden: dict[int, torch.Tensor], job_ids: Sequence[int],
+                prompt_lens: Sequence[int], generated: Sequence[int]) -> list[None]:
+        rows = {layer: features(h, prompt_lens, generated).cpu() for layer, h in hidden.items()}
+        for r, (jid, g) in enumerate(zip(job_ids, generated)):
+            self.pending.setdefault(jid, []).append((g, {k: v[r] for k, v in rows.items()}))
+        return [None] * len(generated)
+
+
+def collect(engine: Engine, prompts: Sequence[Sequence[int]], *, eos: set[int],
+            max_tokens: int, sampling: Sequence[SamplingParams], batch_size: int,
+            layers: Sequence[int], refresh: int, progress: bool = True
+            ) -> tuple[Samples, list[int]]:
+    """Generate every prompt; return the recorded samples and each prompt's output length."""
+    from tqdm import tqdm
+
+    recorder = Recorder(layers, refresh)
+    engine.probe = recorder
+    bs = engine.pool.block_size
+    free = list(range(engine.pool.config.num_blocks))
+    out = Samples(tuple(layers), {layer: [] for layer in layers})
+    lengths = [0] * len(prompts)
+    queue = list(range(len(prompts)))[::-1]
+    running: dict[int, int] = {}  # job id (= prompt index) -> tokens generated
+    blocks: dict[int, list[int]] = {}
+    bar = tqdm(total=len(prompts), desc="generating", unit="prompt", disable=not progress,
+               file=sys.stderr)
+    while queue or running:
+        cmd = StepCommand()
+        for jid in running:
+            cmd.commands.append(JobCommand(jid, 1))
+        while queue and len(running) < batch_size:
+            jid = queue.pop()
+            need = math.ceil((len(prompts[jid]) + max_tokens) / bs)
+            if need > len(free):
+                raise ValueError(f"prompt {jid} needs {need} KV blocks; the pool has "
+                                 f"{len(free)} free (raise num_blocks)")
+            blocks[jid], free = free[:need], free[need:]
+            cmd.new_jobs.append(NewJob(jid, list(prompts[jid]), sampling[jid], blocks[jid]))
+            cmd.commands.append(JobCommand(jid, len(prompts[jid])))
+            running[jid] = 0
+        result = engine.step(cmd)
+        if result.errors:
+            raise RuntimeError(f"engine error: {result.errors[0]}")
+        done = []
+        for r in result.results:
+            running[r.job_id] += 1
+            if r.token_id in eos or running[r.job_id] >= max_tokens:
+                done.append(r.job_id)
+        for jid in done:
+            total = running.pop(jid)
+            lengths[jid] = total
+            for g, rows in recorder.pending.pop(jid, []):
+                for layer, row in rows.items():
+                    out.feats[layer].append(row)
+                out.prompt_index.append(jid)
+                out.generated.append(g)
+                out.remaining.append(total - g)
+            engine.step(StepCommand(free_job_ids=[jid]))
+            free.extend(blocks.pop(jid))
+            bar.update(1)
+    bar.close()
+    engine.probe = None
+    return out, lengths

@@ -1,0 +1,76 @@
+"""The output-length predictor across the services: a worker started with an artifact
+predicts, the scheduler ranks by it and reports it (Final, Status, metrics); a client's
+length hint reaches the job."""
+
+from __future__ import annotations
+
+import math
+
+import grpc
+import pytest
+import torch
+from procs import free_port, scrape_metrics, start_scheduler, start_worker
+
+from fastserve.proto import scheduler_pb2 as spb
+from fastserve.proto import scheduler_pb2_grpc
+from worker_svc.predictor import FORMAT
+
+HIDDEN = 32  # tiny_tok_model
+
+
+@pytest.fixture()
+def predicting_cluster(tiny_tok_model, tmp_path):
+    f = HIDDEN + 2
+    artifact = {"format": FORMAT, "hidden_size": HIDDEN, "layer": 1, "refresh": 8,
+                "mean": torch.zeros(f), "std": torch.ones(f), "w1": torch.zeros(f, 4),
+                "b1": torch.zeros(4), "w2": torch.zeros(4, 1),
+                "b2": torch.tensor([math.log(10.0)]), "info": {}}  # always 9 to come
+    path = tmp_path / "predictor.pt"
+    torch.save(artifact, path)
+    worker = start_worker(str(tiny_tok_model), tmp_path, 256, "worker", "--predictor", str(path))
+    port = free_port()
+    try:
+        scheduler = start_scheduler(str(tiny_tok_model), [worker.address], tmp_path,
+                                    "--policy", "predictive", "--metrics-port", str(port))
+    except Exception:
+        worker.stop()
+        raise
+    channel = grpc.insecure_channel(scheduler.address)
+    yield scheduler_pb2_grpc.SchedulerStub(channel), port
+    channel.close()
+    scheduler.stop()
+    worker.stop()
+
+
+def test_predictions_reach_final_status_and_metrics(predicting_cluster):
+    stub, port = predicting_cluster
+    req = spb.GenerateRequest(token_ids=spb.TokenIds(ids=[5, 6, 7, 8]), request_id="p",
+                              sampling=spb.SamplingOptions(max_tokens=20, temperature=0.0,
+                                                           ignore_eos=True))
+    (final,) = [r.final for r in stub.Generate(req, timeout=60) if r.HasField("final")]
+    assert final.usage.completion_tokens == 20
+    assert final.predicted_output_tokens == pytest.approx(10.0, abs=1e-3)  # 1 made + 9
+    status = stub.Status(spb.StatusRequest(), timeout=10)
+    w = status.workers[0]
+    assert w.predictor.startswith("predictor.pt (layer 1")
+    assert w.num_predicted == 1 and w.prediction_mae_tokens == pytest.approx(10.0, abs=1e-3)
+    samples = scrape_metrics(port)
+    assert samples[("fastserve:prediction_error_tokens_count", frozenset())] == 1
+    assert samples[("fastserve:prediction_error_tokens_sum", frozenset())] == pytest.approx(
+        10.0, abs=1e-3)
+
+
+def test_a_clients_length_hint_reaches_the_job(tiny_tok_model):
+    from scheduler_svc.api.requests import build_job
+    from scheduler_svc.api.text import TextModel
+
+    text = TextModel.load(str(tiny_tok_model))
+
+    def job(**kw):
+        req = spb.GenerateRequest(token_ids=spb.TokenIds(ids=[5, 6]), **kw)
+        return build_job(req, job_id=1, request_id="r", now=0.0, text=text, vocab_size=1000,
+                         max_context=100, default_max_tokens=16, eos_token_ids=frozenset())[0]
+
+    assert job(output_length_hint=42).output_length_hint == 42
+    assert job().output_length_hint is None
+    assert job(output_length_hint=0).output_length_hint is None

@@ -1,0 +1,150 @@
+"""The output-length probe on the engine: predictions at the first token and every refresh,
+the probe never changes tokens, a broken probe costs only predictions, and artifacts load
+(or are refused) clearly."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from engine_driver import DriverJob, drive
+
+from fastserve.predictor.collect import collect
+from worker_svc.engine import JobCommand, NewJob, StepCommand
+from worker_svc.loader import EngineConfig, load_engine, load_predictor
+from worker_svc.predictor import FORMAT, LengthPredictor, features
+from worker_svc.sampler import SamplingParams
+
+HIDDEN = 64  # tiny_llama_dir's hidden size
+
+
+def _artifact(layer=1, refresh=4, bias=3.0, seed=0, hidden=HIDDEN):
+    g = torch.Generator().manual_seed(seed)
+    f = hidden + 2
+    return {"format": FORMAT, "hidden_size": hidden, "layer": layer, "refresh": refresh,
+            "mean": torch.zeros(f), "std": torch.ones(f),
+            "w1": torch.randn(f, 8, generator=g) * 0.01, "b1": torch.zeros(8),
+            "w2": torch.randn(8, 1, generator=g) * 0.01, "b2": torch.tensor([bias]),
+            "info": {"held_out": {"first_token": {"mae_tokens": 12.0, "spearman": 0.5}}}}
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama_dir):
+    return load_engine(EngineConfig(model=str(tiny_llama_dir), num_blocks=256,
+                                    predictor="none")).engine
+
+
+def _prompt(n, seed):
+    rng = random.Random(seed)
+    return [rng.randrange(256) for _ in range(n)]
+
+
+def _run(engine, prompt, steps):
+    """One job: prefill then ``steps - 1`` decodes; the results of every step."""
+    blocks = list(range(8))
+    out = [engine.step(StepCommand(new_jobs=[NewJob(7, prompt, SamplingParams(), blocks)],
+                                   commands=[JobCommand(7, len(prompt))]))]
+    for _ in range(steps - 1):
+        out.append(engine.step(StepCommand(commands=[JobCommand(7, 1)])))
+    engine.step(StepCommand(free_job_ids=[7]))
+    return [o.results[0] for o in out]
+
+
+def test_predictions_at_the_first_token_and_every_refresh(engine):
+    engine.probe = LengthPredictor(_artifact(refresh=4), HIDDEN, 2)
+    try:
+        results = _run(engine, _prompt(20, 0), 10)
+    finally:
+        engine.probe = None
+    have = [i + 1 for i, r in enumerate(results) if r.predicted_remaining is not None]
+    assert have == [1, 5, 9]  # tokens generated when predicted
+    # The MLP's bias dominates: log(1 + remaining) ~ 3.
+    assert all(15 < results[g - 1].predicted_remaining < 25 for g in have)
+
+
+def test_the_probe_never_changes_tokens_and_a_broken_one_costs_only_predictions(engine):
+    jobs = lambda: [DriverJob(i, _prompt(10 + 7 * i, i), 12,  # noqa: E731
+                              sampling=SamplingParams(0.8, 0.9, 0, i)) for i in range(3)]
+    plain = drive(engine, jobs(), chunk=8)
+    engine.probe = LengthPredictor(_artifact(refresh=1), HIDDEN, 2)
+    try:
+        probed = drive(engine, jobs(), chunk=8)
+
+        class Broken:
+            layers = (0,)
+
+            def wants(self, g):
+                return True
+
+            def observe(self, *a):
+                raise RuntimeError("probe bug")
+
+        engine.probe = Broken()
+        broken = drive(engine, jobs(), chunk=8)  # drive asserts no step errors
+    finally:
+        engine.probe = None
+    assert probed == plain == broken
+
+
+def test_probe_reads_the_residual_stream_of_its_layer(engine):
+    """The probed hidden state is the layer's output at the sampled row: a predictor whose
+    first layer is the identity on the features sees exactly ``features(h, ...)``."""
+    seen = {}
+
+    class Spy:
+        layers = (0, 1)
+
+        def wants(self, g):
+            return True
+
+        def observe(self, hidden, job_ids, prompt_lens, generated):
+            seen.update(hidden=hidden, lens=list(prompt_lens), gen=list(generated))
+            return [None] * len(job_ids)
+
+    engine.probe = Spy()
+    try:
+        results = _run(engine, _prompt(12, 3), 1)
+    finally:
+        engine.probe = None
+    assert results[0].predicted_remaining is None
+    assert set(seen["hidden"]) == {0, 1} and seen["hidden"][0].shape == (1, HIDDEN)
+    assert seen["lens"] == [12] and seen["gen"] == [1]
+    assert not torch.equal(seen["hidden"][0], seen["hidden"][1])
+    f = features(seen["hidden"][1], [12], [1])
+    assert f.shape == (1, HIDDEN + 2)
+    assert f[0, -2].item() == pytest.approx(torch.log1p(torch.tensor(12.0)).item())
+
+
+def test_artifacts_load_or_are_refused_clearly(tmp_path, tiny_llama_dir):
+    path = tmp_path / "p.pt"
+    torch.save(_artifact(), path)
+    cfg = EngineConfig(model=str(tiny_llama_dir), predictor=str(path))
+    loaded = load_engine(cfg)
+    assert isinstance(loaded.engine.probe, LengthPredictor)
+    assert "layer 1" in loaded.predictor and "MAE 12 tokens" in loaded.predictor
+    with pytest.raises(ValueError, match="hidden size 32"):
+        LengthPredictor(_artifact(hidden=32), HIDDEN, 2)
+    with pytest.raises(ValueError, match="layer 5"):
+        LengthPredictor(_artifact(layer=5), HIDDEN, 2)
+    with pytest.raises(ValueError, match="does not exist"):
+        load_predictor(EngineConfig(model="x", predictor=str(tmp_path / "missing.pt")),
+                       str(tiny_llama_dir), loaded.spec, torch.device("cpu"))
+    assert load_engine(EngineConfig(model=str(tiny_llama_dir))).engine.probe is None  # auto
+
+
+def test_collect_labels_each_sample_with_the_tokens_still_to_come(engine):
+    prompts = [_prompt(9 + i, 10 + i) for i in range(5)]
+    sampling = [SamplingParams(1.0, 1.0, 0, i) for i in range(5)]
+    samples, lengths = collect(engine, prompts, eos={1, 2, 3}, max_tokens=20,
+                               sampling=sampling, batch_size=3, layers=(0, 1), refresh=4,
+                               progress=False)
+    assert engine.probe is None and not engine.jobs and engine.pool.num_used_blocks == 0
+    feats, index, generated, remaining = samples.tensors()
+    assert feats[0].shape == feats[1].shape == (len(index), HIDDEN + 2)
+    for p in range(5):
+        rows = index == p
+        g = generated[rows].tolist()
+        assert g == list(range(1, lengths[p] + 1, 4))  # the first token, then every 4
+        assert remaining[rows].tolist() == [lengths[p] - x for x in g]
+    assert all(1 <= n <= 20 for n in lengths)
