@@ -13,7 +13,7 @@ from worker_svc.kv_pool import KVPool, KVPoolConfig
 from worker_svc.model.config import ModelSpec, rope_tables
 from worker_svc.model.linear import KERNELS
 from worker_svc.model.llama import LlamaModel
-from worker_svc.predictor import LengthPredictor, artifact_path
+from worker_svc.predictor import LengthPredictor, find_artifact
 from worker_svc.swap import SwapEngine
 
 log = logging.getLogger(__name__)
@@ -68,12 +68,16 @@ def load_predictor(cfg: EngineConfig, model_path: str, spec: ModelSpec,
     """The predictor ``cfg.predictor`` names and its description, or (None, "")."""
     if cfg.predictor == "none":
         return None, ""
-    path = artifact_path(model_path) if cfg.predictor == "auto" else pathlib.Path(cfg.predictor)
-    if not path.is_file():
-        if cfg.predictor == "auto":
+    if cfg.predictor == "auto":
+        found = find_artifact(model_path)
+        if found is None:
             log.info("no output-length predictor for this model (fastserve predictor train)")
             return None, ""
-        raise ValueError(f"predictor: {path} does not exist")
+        path = found
+    else:
+        path = pathlib.Path(cfg.predictor)
+        if not path.is_file():
+            raise ValueError(f"predictor: {path} does not exist")
     try:
         predictor = LengthPredictor.load(path, spec.hidden_size, spec.num_layers, device)
     except (ValueError, KeyError, RuntimeError) as e:

@@ -59,6 +59,22 @@ def artifact_path(model_path: str | pathlib.Path) -> pathlib.Path:
     return cache_dir() / "predictors" / f"{model_path.name}-{digest}.pt"
 
 
+# Artifacts shipped with the package, by model directory name (the default model's, trained on
+# the training split of ../shared/prompts: docs/benchmarks.md), used when none is cached.
+PACKAGED = pathlib.Path(__file__).parent / "predictors"
+
+
+def find_artifact(model_path: str | pathlib.Path) -> pathlib.Path | None:
+    """The predictor for the model at ``model_path``: the one trained here (cached), else the
+    one shipped for a model of that name, else None. Either is checked against the model's
+    shape when loaded."""
+    cached = artifact_path(model_path)
+    if cached.is_file():
+        return cached
+    packaged = PACKAGED / f"{pathlib.Path(model_path).name}.pt"
+    return packaged if packaged.is_file() else None
+
+
 class LengthPredictor:
     """Predicts each sampled job's remaining output tokens (see the module doc)."""
 

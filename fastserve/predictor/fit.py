@@ -1,7 +1,9 @@
 """Fit the length probe on recorded generations and measure it on held-out prompts.
 
 The probe is a one-hidden-layer MLP (``worker_svc.predictor``) regressing ``log(1 +
-remaining)`` with a squared loss, trained full-batch with Adam and weight decay. One is fitted
+remaining)`` with a squared loss, trained full-batch with AdamW, weight decay and dropout on
+its input and hidden units (a few hundred answers for 578 features: without dropout the best
+validation epoch was the 10th, first-token Spearman 0.25-0.29 against 0.43-0.45 with it). One is fitted
 per candidate layer on most of the training prompts and scored on the rest (the validation
 prompts, split by prompt, never by row: rows of one answer are alike); the layer with the
 lowest validation error is refitted on every training prompt, for the epochs validation chose,
@@ -24,10 +26,11 @@ import torch.nn.functional as F
 
 from fastserve.predictor.rank import spearman
 
-HIDDEN = 128
-MAX_EPOCHS = 600
-LR = 3e-3
-WEIGHT_DECAY = 1e-2
+HIDDEN = 64
+MAX_EPOCHS = 1000
+LR = 1e-3
+WEIGHT_DECAY = 0.1
+DROPOUT = 0.4
 
 
 @dataclass
@@ -47,7 +50,8 @@ class _Mlp(torch.nn.Module):
         self.l2 = torch.nn.Linear(HIDDEN, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.l2(F.gelu(self.l1((x - self.mean) / self.std))).squeeze(1)
+        h = F.gelu(self.l1(F.dropout((x - self.mean) / self.std, DROPOUT, self.training)))
+        return self.l2(F.dropout(h, DROPOUT, self.training)).squeeze(1)
 
     def weights(self) -> dict[str, torch.Tensor]:
         return {"mean": self.mean.clone(), "std": self.std.clone(),
@@ -72,13 +76,16 @@ def _fit(x: torch.Tensor, y: torch.Tensor, epochs: int, val: tuple[torch.Tensor,
         loss.backward()
         opt.step()
         if val is not None and epoch % 10 == 0:
+            mlp.eval()
             with torch.no_grad():
                 v = F.l1_loss(mlp(val[0]), val[1]).item()
+            mlp.train()
             if v < best:
                 best, best_epoch = v, epoch
                 best_state = {k: t.clone() for k, t in mlp.state_dict().items()}
     if best_state is not None:
         mlp.load_state_dict(best_state)
+    mlp.eval()
     return mlp, best_epoch, best
 
 

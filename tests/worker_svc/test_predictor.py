@@ -148,3 +148,34 @@ def test_collect_labels_each_sample_with_the_tokens_still_to_come(engine):
         assert g == list(range(1, lengths[p] + 1, 4))  # the first token, then every 4
         assert remaining[rows].tolist() == [lengths[p] - x for x in g]
     assert all(1 <= n <= 20 for n in lengths)
+
+
+def test_a_predictor_trained_here_wins_over_the_shipped_one(tmp_path, monkeypatch):
+    from worker_svc import predictor
+
+    model = tmp_path / "models" / "SomeModel"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    monkeypatch.setenv("FASTSERVE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(predictor, "PACKAGED", tmp_path / "shipped")
+    assert predictor.find_artifact(model) is None
+    (tmp_path / "shipped").mkdir()
+    torch.save(_artifact(), tmp_path / "shipped" / "SomeModel.pt")
+    assert predictor.find_artifact(model) == tmp_path / "shipped" / "SomeModel.pt"
+    cached = predictor.artifact_path(model)
+    cached.parent.mkdir(parents=True)
+    torch.save(_artifact(), cached)
+    assert predictor.find_artifact(model) == cached
+
+
+def test_the_shipped_predictor_fits_the_default_model(default_model_dir):
+    from worker_svc.model.config import ModelSpec
+    from worker_svc.predictor import PACKAGED
+
+    from transformers import AutoConfig
+
+    spec = ModelSpec.from_hf_config(AutoConfig.from_pretrained(default_model_dir), None)
+    p = LengthPredictor.load(PACKAGED / f"{default_model_dir.name}.pt", spec.hidden_size,
+                             spec.num_layers)
+    held = p.info["held_out"]["first_token"]
+    assert held["mae_tokens"] < held["baseline_mae_tokens"] and held["spearman"] > 0.3
