@@ -156,7 +156,8 @@ def format_status(status: dict) -> str:
         f"queues    {queues}",
     ]
     rows = [("WORKER", "STATE", "HEALTHY", "KV BLOCKS USED", "ITERATIONS")]
-    errors = []
+    errors: list[str] = []
+    predictors: list[str] = []
     for w in status.get("workers", []):
         used = 100 * float(w.get("kv_usage", 0.0))
         kv = f"{w.get('num_used_blocks', 0)}/{w.get('num_blocks', 0)} ({used:.1f}%)"
@@ -164,11 +165,17 @@ def format_status(status: dict) -> str:
                      "yes" if w.get("healthy") else "no", kv, str(w.get("num_iterations", 0))))
         if w.get("error"):
             errors.append(f"  {w.get('address', '?')}: {w['error']}")
+        if w.get("predictor"):
+            predictors.append(f"  {w.get('address', '?')}: {w['predictor']}; "
+                              f"{w.get('num_predicted', 0)} answers predicted, MAE "
+                              f"{float(w.get('prediction_mae_tokens', 0.0)):.1f} tokens")
     if len(rows) == 1:
         return "\n".join([*lines, "workers   none"])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     table = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    return "\n".join([*lines, "", *table, *(["", "worker errors:", *errors] if errors else [])])
+    return "\n".join([*lines, "", *table,
+                      *(["", "length predictors:", *predictors] if predictors else []),
+                      *(["", "worker errors:", *errors] if errors else [])])
 
 
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:

@@ -59,6 +59,9 @@ class Child(subprocess.Popen):
         return "\n".join(f"  | {line}" for line in self._tail)
 
 
+SERVE_POLICY = "skip-join-mlfq"
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register the serve command."""
     from fastserve.models import DEFAULT_MODEL
@@ -83,8 +86,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "predictor train` cached for the model, if any), none, or a path")
     p.add_argument("--no-kvstore", action="store_true",
                    help="start no KV store (paused jobs' KV then stays on the device)")
-    # The scheduler's own settings, passed on to it when given (its defaults otherwise).
-    add_config_args(p, defaults=False)
+    # The scheduler's own settings, passed on to it when given (its defaults otherwise),
+    # except the policy: serve runs the one that won the real-cluster comparison
+    # (docs/benchmarks.md, issue 12), the scheduler's own default stays the fcfs baseline.
+    add_config_args(p, defaults=False, overrides={"policy": SERVE_POLICY})
     p.set_defaults(func=run)
 
 

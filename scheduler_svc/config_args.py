@@ -100,24 +100,27 @@ def choices(f: dataclasses.Field) -> Sequence[str] | None:
 
 
 def add_config_args(parser: argparse.ArgumentParser, *, defaults: bool = True,
-                    title: str = "scheduler settings") -> argparse._ArgumentGroup:
+                    title: str = "scheduler settings",
+                    overrides: dict[str, Any] | None = None) -> argparse._ArgumentGroup:
     """Add an option for every ``SchedulerConfig`` field to ``parser``, in a group of its own.
 
     With ``defaults=False`` an option that is not given is None in the namespace (for a
     command that passes only the given settings on, or merges them with others); the help
-    still shows the scheduler's default.
+    still shows the scheduler's default. ``overrides`` gives this command defaults of its own
+    for some fields (used, and shown, even with ``defaults=False``).
     """
+    overrides = overrides or {}
     group = parser.add_argument_group(title, "every SchedulerConfig field "
                                       "(scheduler_svc/core/config.py)")
     for f in FIELDS:
         help_text = f.metadata.get("help")
         if not help_text:
             raise TypeError(f"SchedulerConfig.{f.name} has no help: declare it with setting()")
-        default = getattr(DEFAULTS, f.name)
+        default = overrides.get(f.name, getattr(DEFAULTS, f.name))
         shown = "none" if default is None else default
         kw: dict[str, Any] = {
             "dest": f.name,
-            "default": default if defaults else None,
+            "default": default if defaults or f.name in overrides else None,
             "help": f"{help_text} (default: {shown})".replace("%", "%%"),
         }
         kind, _ = field_type(f.name)

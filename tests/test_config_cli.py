@@ -102,8 +102,11 @@ def test_a_parsed_value_reaches_the_config(command, long_names):
     parser = PARSERS[command]()
     args = parser.parse_args([*REQUIRED[command], *_argv(OTHER, long_names)])
     assert config_from_args(args) == OTHER
-    # Not given: the config's defaults, whether the command fills them in or leaves them None.
-    assert config_from_args(parser.parse_args(REQUIRED[command])) == SchedulerConfig()
+    # Not given: the config's defaults, whether the command fills them in or leaves them None;
+    # serve's own policy (the winner of the real-cluster comparison) aside.
+    want = SchedulerConfig(policy="skip-join-mlfq") if command == "fastserve serve" else (
+        SchedulerConfig())
+    assert config_from_args(parser.parse_args(REQUIRED[command])) == want
 
 
 def test_the_policy_choices_are_the_registered_policies():
@@ -120,8 +123,8 @@ def test_serve_passes_the_given_settings_on_to_the_scheduler_and_no_others():
     tail = cmd[cmd.index("scheduler_svc") + 1:]
     assert config_from_args(scheduler_parser().parse_args(tail)) == OTHER
     args = serve.parse_args(["--starve-limit", "0.3"])
-    assert config_argv(args) == ["--starve-limit", "0.3"]
-    assert "--policy" not in scheduler_command(args, "127.0.0.1:1")
+    assert config_argv(args) == ["--policy", "skip-join-mlfq", "--starve-limit", "0.3"]
+    assert "--max-batch-size" not in scheduler_command(args, "127.0.0.1:1")
 
 
 def test_optional_fields_take_none():
@@ -155,3 +158,14 @@ def test_sim_runs_with_the_settings_given_as_options(tmp_path, monkeypatch, caps
     # an option wins over --set; --set fills in what no option gives
     assert {(c.max_batch_size, c.starve_limit_s, c.watermark) for c in seen} == {(3, 0.5, 0.02)}
     assert "max batch 3" in capsys.readouterr().out
+
+
+def test_serve_runs_the_winning_policy_by_default_and_the_scheduler_keeps_fcfs():
+    from fastserve.cli import build_parser
+    from scheduler_svc.config_args import config_argv
+    from scheduler_svc.core.config import SchedulerConfig
+
+    parser = build_parser()
+    assert config_argv(parser.parse_args(["serve"])) == ["--policy", "skip-join-mlfq"]
+    assert config_argv(parser.parse_args(["serve", "--policy", "fcfs"])) == ["--policy", "fcfs"]
+    assert SchedulerConfig().policy == "fcfs"

@@ -3,11 +3,11 @@
 The probe is a one-hidden-layer MLP (``worker_svc.predictor``) regressing ``log(1 +
 remaining)`` with a squared loss, trained full-batch with AdamW, weight decay and dropout on
 its input and hidden units (a few hundred answers for 578 features: without dropout the best
-validation epoch was the 10th, first-token Spearman 0.25-0.29 against 0.43-0.45 with it). One is fitted
-per candidate layer on most of the training prompts and scored on the rest (the validation
-prompts, split by prompt, never by row: rows of one answer are alike); the layer with the
-lowest validation error is refitted on every training prompt, for the epochs validation chose,
-and scored once on the held-out prompts.
+validation epoch was the 10th, first-token Spearman 0.25-0.29 against 0.43-0.45 with it).
+One is fitted per candidate layer on most of the training prompts and scored on the rest (the
+validation prompts, split by prompt, never by row: rows of one answer are alike); the layer
+with the lowest validation error is refitted on every training prompt, for the epochs
+validation chose, and scored once on the held-out prompts.
 
 Figures, each at the first output token (a prediction of the whole output, what the
 scheduler first ranks by) and over every refresh point (the remaining length as decoding

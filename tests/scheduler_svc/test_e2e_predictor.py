@@ -36,14 +36,14 @@ def predicting_cluster(tiny_tok_model, tmp_path):
         worker.stop()
         raise
     channel = grpc.insecure_channel(scheduler.address)
-    yield scheduler_pb2_grpc.SchedulerStub(channel), port
+    yield scheduler_pb2_grpc.SchedulerStub(channel), port, scheduler.address
     channel.close()
     scheduler.stop()
     worker.stop()
 
 
 def test_predictions_reach_final_status_and_metrics(predicting_cluster):
-    stub, port = predicting_cluster
+    stub, port, address = predicting_cluster
     req = spb.GenerateRequest(token_ids=spb.TokenIds(ids=[5, 6, 7, 8]), request_id="p",
                               sampling=spb.SamplingOptions(max_tokens=20, temperature=0.0,
                                                            ignore_eos=True))
@@ -54,6 +54,12 @@ def test_predictions_reach_final_status_and_metrics(predicting_cluster):
     w = status.workers[0]
     assert w.predictor.startswith("predictor.pt (layer 1")
     assert w.num_predicted == 1 and w.prediction_mae_tokens == pytest.approx(10.0, abs=1e-3)
+    from fastserve.cli_client import format_status
+    from fastserve.client import Client
+
+    with Client(address) as client:
+        shown = format_status(client.status())
+    assert "length predictors:" in shown and "1 answers predicted, MAE 10.0 tokens" in shown
     samples = scrape_metrics(port)
     assert samples[("fastserve:prediction_error_tokens_count", frozenset())] == 1
     assert samples[("fastserve:prediction_error_tokens_sum", frozenset())] == pytest.approx(

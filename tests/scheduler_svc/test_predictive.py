@@ -34,18 +34,27 @@ def test_a_job_past_its_prediction_ranks_by_the_tokens_it_made():
     assert Predictive.remaining(job) == 10.0
 
 
-def test_a_starving_job_goes_to_the_front_with_a_doubling_limit():
+def test_a_starving_job_goes_to_the_front_with_a_limit_that_grows_with_its_size_and_doubles():
     core = make_core(cost_model=LINEAR, policy="predictive", starve_limit_s=1.0)
     pol = core.policy
-    core.add(make_job(0, max_tokens=100, predicted_output_tokens=90.0), 0.0)
+    # 24 tokens to come: it may wait 1 s x (1 + 24 / 16) = 2.5 s.
+    core.add(make_job(0, max_tokens=100, predicted_output_tokens=24.0), 0.0)
     core.add(make_job(1, max_tokens=100, predicted_output_tokens=1.0), 0.0)
     assert [j.job_id for j in pol.order(0.5)] == [1, 0]
-    pol.on_iteration([core.jobs[1]], 0.01, 0.9)  # job 1 runs; job 0 waits
-    assert [j.job_id for j in pol.order(1.01)] == [0, 1] and pol.num_promotions == 1
-    pol.on_iteration([core.jobs[0], core.jobs[1]], 0.01, 1.02)  # job 0 ran: next limit 2 s
-    pol.on_iteration([core.jobs[1]], 0.01, 2.9)
-    assert [j.job_id for j in pol.order(2.5)] == [1, 0]
-    assert [j.job_id for j in pol.order(3.03)] == [0, 1] and pol.num_promotions == 2
+    a, b = core.jobs[0], core.jobs[1]
+    for t in (0.9, 1.9):  # job 1 runs (its own limit is 1.06 s); job 0 waits
+        pol.on_iteration([b], 0.01, t)
+    assert [j.job_id for j in pol.order(2.4)] == [1, 0] and pol.num_promotions == 0
+    pol.on_iteration([b], 0.01, 2.45)
+    assert [j.job_id for j in pol.order(2.51)] == [0, 1] and pol.num_promotions == 1
+    pol.on_iteration([a, b], 0.01, 2.52)  # job 0 ran: its next limit is 5 s
+    for t in (3.5, 4.5, 5.5, 6.5, 7.0):
+        pol.on_iteration([b], 0.01, t)
+    assert [j.job_id for j in pol.order(7.5)] == [1, 0]
+    assert [j.job_id for j in pol.order(7.53)] == [0, 1] and pol.num_promotions == 2
+    # A job with nothing predicted waits the plain limit.
+    core.add(make_job(2, max_tokens=100), 7.6)
+    assert pol.starvation.deadline[2] == pytest.approx(8.6)
 
 
 def test_simulated_predictions_are_noisy_truth_and_predictive_beats_fcfs():

@@ -169,10 +169,10 @@ def test_a_predictor_trained_here_wins_over_the_shipped_one(tmp_path, monkeypatc
 
 
 def test_the_shipped_predictor_fits_the_default_model(default_model_dir):
+    from transformers import AutoConfig
+
     from worker_svc.model.config import ModelSpec
     from worker_svc.predictor import PACKAGED
-
-    from transformers import AutoConfig
 
     spec = ModelSpec.from_hf_config(AutoConfig.from_pretrained(default_model_dir), None)
     p = LengthPredictor.load(PACKAGED / f"{default_model_dir.name}.pt", spec.hidden_size,

@@ -1,8 +1,9 @@
 """Starvation deadlines, shared by the policies that promote jobs which wait too long.
 
-A job starves when it has not run for ``limit_s x 2^(times promoted)`` since it last ran (or
-arrived, or was promoted): the limit doubles per promotion, because under overload every
-paused job starves, and a fixed limit turned the ranking into round robin over all of them.
+A job starves when it has not run for ``limit_s x scale x 2^(times promoted)`` since it last
+ran (or arrived, or was promoted): the limit doubles per promotion, because under overload
+every paused job starves, and a fixed limit turned the ranking into round robin over all of
+them; ``scale`` (1 for the MLFQs) lets a policy give larger jobs a longer wait.
 (deadline, job id) is pushed at every ``touch``; stale entries are skipped, so finding the
 starving jobs costs O(log n) per job touched, not a scan of every job.
 """
@@ -20,9 +21,9 @@ class StarvationClock:
         self.times_promoted: dict[int, int] = {}
         self._waits: list[tuple[float, int]] = []
 
-    def touch(self, jid: int, now: float) -> None:
+    def touch(self, jid: int, now: float, scale: float = 1.0) -> None:
         """The job ran (or arrived, or was promoted) at ``now``: its deadline starts over."""
-        limit = self.limit_s * 2 ** self.times_promoted.get(jid, 0)
+        limit = self.limit_s * scale * 2 ** self.times_promoted.get(jid, 0)
         self.deadline[jid] = deadline = now + limit
         heapq.heappush(self._waits, (deadline, jid))
 
