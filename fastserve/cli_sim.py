@@ -86,8 +86,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="divide every token length by this")
     p.add_argument("--max-input", type=int, default=None)
     p.add_argument("--max-output", type=int, default=None)
-    p.add_argument("--arrivals", choices=("poisson", "gamma"), default="poisson",
-                   help="synthesized arrivals for traces without timestamps")
+    p.add_argument("--arrivals", choices=("poisson", "gamma"), default=None,
+                   help="synthesized arrivals (default: the trace's timestamps, or poisson "
+                   "for a trace without them); given, they replace a trace's timestamps")
     p.add_argument("--cv", type=float, default=1.0, help="Gamma arrivals' coefficient of variation")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prediction-sigma", type=float, default=None, metavar="SIGMA",

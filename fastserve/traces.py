@@ -5,7 +5,9 @@ the first at 0 s:
 
 - ``azure``: the Azure LLM inference traces, CSV ``TIMESTAMP,ContextTokens,GeneratedTokens``
   (timestamps like ``2023-11-16 18:15:46.6805900``, or plain seconds). Real arrival times,
-  made relative to the first; ``rate`` rescales them so that the mean rate is ``rate``.
+  made relative to the first; ``rate`` rescales them so that the mean rate is ``rate``. Asked
+  for ``arrivals`` explicitly, the timestamps are replaced by synthesized ones at ``rate``
+  (default: the trace's own mean rate): its lengths with Poisson or Gamma arrivals.
 - ``sharegpt``: CSV ``num_prefill_tokens,num_decode_tokens,...``: lengths only, so arrivals are
   synthesized at ``rate`` (required): Poisson (exponential gaps) or Gamma gaps with the given
   coefficient of variation (``cv`` > 1 is burstier than Poisson).
@@ -83,11 +85,14 @@ def detect_format(path: str | pathlib.Path) -> str:
 
 def load_trace(
     path: str | pathlib.Path, *, fmt: str | None = None, rate: float | None = None,
-    arrivals: str = "poisson", cv: float = 1.0, length_scale: float = 1.0,
+    arrivals: str | None = None, cv: float = 1.0, length_scale: float = 1.0,
     max_input: int | None = None, max_output: int | None = None,
     num_requests: int | None = None, seed: int = 0,
 ) -> list[TraceRequest]:
-    """Read the trace at ``path``; see the module doc for the formats and options."""
+    """Read the trace at ``path``; see the module doc for the formats and options.
+
+    ``arrivals`` None: the trace's timestamps when it has them, else Poisson; "poisson" or
+    "gamma": synthesized, whatever the file holds."""
     path = pathlib.Path(path)
     _check_options(path, fmt, rate, arrivals, cv, length_scale, max_input, max_output,
                    num_requests)
@@ -111,11 +116,14 @@ def load_trace(
         times, inputs, outputs = times[order] - times[order[0]], inputs[order], outputs[order]
         times, inputs, outputs = times[:n], inputs[:n], outputs[:n]
         arrival = _timestamps(path, times, n, rate)
+        if arrivals is not None:  # its lengths, in its order, with synthesized arrivals
+            own = (n - 1) / float(arrival[-1]) if n > 1 and arrival[-1] > 0 else 1.0
+            arrival = _synthesize(n, rate or own, arrivals, cv, seed)
     else:
         if rate is None:
             raise ValueError(f"{path}: this {fmt} trace has no arrival times; give a rate "
                              "(requests/s) to synthesize Poisson or Gamma arrivals")
-        arrival = _synthesize(n, rate, arrivals, cv, seed)
+        arrival = _synthesize(n, rate, arrivals or "poisson", cv, seed)
     reps = -(-n // len(inputs))
     inputs = np.tile(inputs, reps)[:n]
     outputs = np.tile(outputs, reps)[:n]
@@ -157,7 +165,7 @@ def _check_options(path, fmt, rate, arrivals, cv, length_scale, max_input, max_o
         raise bad(f"trace format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if rate is not None and not (rate > 0 and math.isfinite(rate)):
         raise bad(f"rate must be > 0 requests/s, got {rate!r}")
-    if arrivals not in ARRIVALS:
+    if arrivals is not None and arrivals not in ARRIVALS:
         raise bad(f"arrivals must be one of {', '.join(ARRIVALS)}, got {arrivals!r}")
     if not (cv > 0 and math.isfinite(cv)):
         raise bad(f"cv must be > 0, got {cv!r}")

@@ -83,8 +83,10 @@ def add_trace_args(p: argparse.ArgumentParser, *, rate_help: str | None = None) 
                    help="divide input and output lengths by this")
     p.add_argument("--max-input", type=int, default=None, help="cap on prompt tokens")
     p.add_argument("--max-output", type=int, default=None, help="cap on output tokens")
-    p.add_argument("--arrivals", default="poisson", choices=list(ARRIVALS),
-                   help="synthesized arrivals, for traces without timestamps")
+    p.add_argument("--arrivals", default=None, choices=list(ARRIVALS),
+                   help="synthesized arrivals (default: the trace's timestamps, or poisson "
+                   "for a trace without them and for --prompts); given, they replace a "
+                   "trace's timestamps")
     p.add_argument("--cv", type=float, default=1.0,
                    help="coefficient of variation of Gamma inter-arrival gaps")
     p.add_argument("--seed", type=int, default=0, help="seed of arrivals and prompts")
@@ -135,7 +137,8 @@ def workload_from_args(args: argparse.Namespace,
     if args.prompts:
         trace, chats = prompt_workload(
             args.prompts, rate=rate, num_requests=args.num_requests, repeat=args.repeat,
-            arrivals=args.arrivals, cv=args.cv, seed=args.seed, max_tokens=args.max_tokens,
+            arrivals=args.arrivals or "poisson", cv=args.cv, seed=args.seed,
+            max_tokens=args.max_tokens,
             temperature=args.temperature, top_p=args.top_p)
         return trace, list(chats)
     trace = trace_from_args(args, rate)

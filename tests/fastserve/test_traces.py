@@ -47,6 +47,21 @@ def test_azure_keeps_real_relative_timestamps_sorted(azure):
                                  TraceRequest(2.0, 300, 30)]
 
 
+def test_asked_for_arrivals_replace_a_traces_timestamps_and_keep_its_lengths(azure):
+    real = load_trace(azure, num_requests=300)
+    bursty = load_trace(azure, num_requests=300, arrivals="gamma", cv=4.0, rate=2.0)
+    assert [(r.input_tokens, r.output_tokens) for r in bursty] == [
+        (r.input_tokens, r.output_tokens) for r in real]
+    assert [r.arrival_s for r in bursty] != [r.arrival_s for r in real]
+    info = describe(bursty)
+    assert info["interarrival_cv"] > 2.0 and info["mean_rate"] == pytest.approx(2.0, rel=0.5)
+    # Without a rate: the trace's own mean rate.
+    own = describe(real)["mean_rate"]
+    poisson = describe(load_trace(azure, num_requests=300, arrivals="poisson"))
+    assert poisson["mean_rate"] == pytest.approx(own, rel=0.3)
+    assert load_trace(azure, num_requests=300, arrivals=None) == real
+
+
 def test_azure_rate_rescales_to_the_measured_mean_rate(azure):
     trace = load_trace(azure, rate=4.0)
     arrivals = [r.arrival_s for r in trace]
