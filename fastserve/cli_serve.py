@@ -59,7 +59,7 @@ class Child(subprocess.Popen):
         return "\n".join(f"  | {line}" for line in self._tail)
 
 
-SERVE_POLICY = "skip-join-mlfq"
+SERVE_POLICY = "predictive"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -87,8 +87,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-kvstore", action="store_true",
                    help="start no KV store (paused jobs' KV then stays on the device)")
     # The scheduler's own settings, passed on to it when given (its defaults otherwise),
-    # except the policy: serve runs the one that won the real-cluster comparison
-    # (docs/benchmarks.md, issue 12), the scheduler's own default stays the fcfs baseline.
+    # except the policy: serve runs the one that did best in the real-cluster comparisons
+    # (docs/benchmarks.md, issue 12); the scheduler's own default stays the fcfs baseline.
     add_config_args(p, defaults=False, overrides={"policy": SERVE_POLICY})
     p.set_defaults(func=run)
 

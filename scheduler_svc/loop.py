@@ -113,6 +113,10 @@ class WorkerLoop:
             await asyncio.sleep(0.2)
             self.describe = await stub.Describe(wpb.DescribeRequest(), timeout=timeout_s)
         d = self.describe
+        if self.config.policy == "predictive" and not d.predictor:
+            log.warning("policy predictive, but worker %s has no output-length predictor: its "
+                        "jobs rank by the tokens they have made (train one with `fastserve "
+                        "predictor train`)", self.address)
         if self.core is None:
             cost_model = None
             if POLICIES[self.config.policy].needs_cost_model:

@@ -104,7 +104,7 @@ def test_a_parsed_value_reaches_the_config(command, long_names):
     assert config_from_args(args) == OTHER
     # Not given: the config's defaults, whether the command fills them in or leaves them None;
     # serve's own policy (the winner of the real-cluster comparison) aside.
-    want = SchedulerConfig(policy="skip-join-mlfq") if command == "fastserve serve" else (
+    want = SchedulerConfig(policy="predictive") if command == "fastserve serve" else (
         SchedulerConfig())
     assert config_from_args(parser.parse_args(REQUIRED[command])) == want
 
@@ -123,7 +123,7 @@ def test_serve_passes_the_given_settings_on_to_the_scheduler_and_no_others():
     tail = cmd[cmd.index("scheduler_svc") + 1:]
     assert config_from_args(scheduler_parser().parse_args(tail)) == OTHER
     args = serve.parse_args(["--starve-limit", "0.3"])
-    assert config_argv(args) == ["--policy", "skip-join-mlfq", "--starve-limit", "0.3"]
+    assert config_argv(args) == ["--policy", "predictive", "--starve-limit", "0.3"]
     assert "--max-batch-size" not in scheduler_command(args, "127.0.0.1:1")
 
 
@@ -166,6 +166,6 @@ def test_serve_runs_the_winning_policy_by_default_and_the_scheduler_keeps_fcfs()
     from scheduler_svc.core.config import SchedulerConfig
 
     parser = build_parser()
-    assert config_argv(parser.parse_args(["serve"])) == ["--policy", "skip-join-mlfq"]
+    assert config_argv(parser.parse_args(["serve"])) == ["--policy", "predictive"]
     assert config_argv(parser.parse_args(["serve", "--policy", "fcfs"])) == ["--policy", "fcfs"]
     assert SchedulerConfig().policy == "fcfs"

@@ -8,7 +8,7 @@ import pathlib
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 HERE = pathlib.Path(__file__).parent
 RUNS = [("s0", "sigma 0"), ("s0.5", "sigma 0.5"), ("s0.75", "sigma 0.75 (the real predictor's)"),
