@@ -88,7 +88,7 @@ def _train(args: argparse.Namespace) -> int:
         with open(args.heldout_out, "w") as f:
             for i in test_idx:
                 f.write(json.dumps({"instruction": instructions[i]}) + "\n")
-    settings = {"model": args.model, "prompts": [instructions[i] for i in range(len(instructions))],
+    settings = {"model": args.model, "prompts": list(instructions),
                 "max_tokens": args.max_tokens, "temperature": args.temperature,
                 "top_p": args.top_p, "seed": args.seed, "refresh": args.refresh}
     data = None
@@ -98,7 +98,6 @@ def _train(args: argparse.Namespace) -> int:
             print(f"{args.data} was recorded with other settings; generating again",
                   file=sys.stderr)
             data = None
-    loaded = None
     if data is None:
         from fastserve.models import resolve_model
 

@@ -112,10 +112,12 @@ def train(data: dict[str, Any], train_prompts: list[int], test_prompts: list[int
     y = torch.log1p(remaining)
     g = torch.Generator().manual_seed(seed)
     shuffled = [train_prompts[i] for i in torch.randperm(len(train_prompts), generator=g)]
-    val_prompts = set(shuffled[: max(1, len(shuffled) // 5)])
-    in_train = torch.tensor([int(p) in set(train_prompts) for p in pidx.tolist()])
-    in_val = torch.tensor([int(p) in val_prompts for p in pidx.tolist()])
-    in_test = torch.tensor([int(p) in set(test_prompts) for p in pidx.tolist()])
+    val_prompts = shuffled[: max(1, len(shuffled) // 5)]
+
+    def rows_of(prompts: list[int]) -> torch.Tensor:
+        return torch.isin(pidx, torch.tensor(prompts, dtype=pidx.dtype))
+
+    in_train, in_val, in_test = rows_of(train_prompts), rows_of(val_prompts), rows_of(test_prompts)
     in_fit = in_train & ~in_val
     lengths = data["lengths"].float()
     baseline = float(lengths[torch.tensor(train_prompts)].mean())
