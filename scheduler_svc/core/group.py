@@ -24,6 +24,7 @@ from scheduler_svc.core.job import Job, JobStatus, Placement
 from scheduler_svc.core.kv.ledger import KVLedger
 from scheduler_svc.core.kv.policies import make_kv_policy
 from scheduler_svc.core.policies import Policy, make_policy
+from scheduler_svc.core.steady import repeatable
 from scheduler_svc.core.step_context import StepContext
 
 
@@ -51,6 +52,7 @@ class GroupCore:
         self.jobs: dict[int, Job] = {}
         self._pending_frees: list[int] = []
         self._num_waiting = 0  # live jobs never scheduled
+        self._num_waiting_single = 0  # of them, those with a one-token prompt
         self.num_iterations = 0
         self.num_preemptions = 0
         self.num_finished: dict[str, int] = {}
@@ -62,6 +64,11 @@ class GroupCore:
         self._busy: set[int] = set()  # jobs in the plans in flight
         self.num_predicted = 0  # finished jobs with a first predicted length
         self._prediction_abs_error = 0.0  # summed |first prediction - output length|
+        # The last plan, when it could repeat unchanged (``steady.py``), and the jobs added
+        # since it was formed.
+        self.repeatable_plan: StepPlan | None = None
+        self.added_since_plan = 0
+        self._moves_at_plan = 0  # the policy's demotions and promotions when it was formed
 
     # ---- admission and termination -------------------------------------------------------
     @property
@@ -83,7 +90,9 @@ class GroupCore:
         assert job.job_id not in self.jobs, f"duplicate job id {job.job_id}"
         assert job.num_tokens < self.max_context
         self.jobs[job.job_id] = job
+        self.added_since_plan += 1
         self._num_waiting += not job.started
+        self._num_waiting_single += not job.started and len(job.prompt) == 1
         self.policy.add(job, now)
         self.kv_policy.on_arrival(job, now)
 
@@ -135,6 +144,7 @@ class GroupCore:
         """Take ``job`` out of the table, its blocks and store blocks returned at once and
         the worker told to free it in the next Step."""
         self._num_waiting -= not job.started
+        self._num_waiting_single -= not job.started and len(job.prompt) == 1
         self.kv.release(job)
         self.kv.unstore(job)  # the worker frees its store handles with the job
         if job.kv.on_worker:
@@ -145,6 +155,15 @@ class GroupCore:
     # ---- one iteration -------------------------------------------------------------------
     def has_work(self) -> bool:
         return bool(self.jobs) or bool(self._pending_frees)
+
+    @property
+    def policy_moved_since_plan(self) -> bool:
+        """Whether the policy demoted or promoted a job since the last plan was formed."""
+        return self.policy.num_demotions + self.policy.num_promotions != self._moves_at_plan
+
+    @property
+    def has_pending_frees(self) -> bool:
+        return bool(self._pending_frees)
 
     @property
     def num_in_flight(self) -> int:
@@ -161,13 +180,18 @@ class GroupCore:
         step = StepContext(now, plan, self.policy, self._last_iteration_s,
                            max(1, min(self.config.max_batch_size, len(self._last_batch))),
                            busy=self._busy)
-        self.batcher.form(step, len(self.jobs), self._num_waiting)
+        self.batcher.form(step, len(self.jobs), self._num_waiting, self._num_waiting_single)
         self._num_waiting -= len(step.started)
+        self._num_waiting_single -= sum(len(j.prompt) == 1 for j in step.started)
         chosen = step.chosen
         self.num_preemptions += sum(1 for j in self._last_batch
                                     if j not in chosen and j in self.jobs)
         self._last_batch = chosen
         self.kv.end_step()
+        self.repeatable_plan = (plan if self.pipeline_depth == 1 and not self.kv.has_claims()
+                                and repeatable(plan, step) else None)
+        self.added_since_plan = 0
+        self._moves_at_plan = self.policy.num_demotions + self.policy.num_promotions
         if not (plan.commands or plan.free_job_ids or plan.swap_out or plan.swap_in):
             return None
         jobs = self.jobs
@@ -219,7 +243,7 @@ class GroupCore:
                 job.first_token_time = now
             if r.predicted_remaining is not None:
                 self._predicted(job, r.predicted_remaining)
-            status = self._finish_status(job)
+            status = self.finish_status(job)
             if status is not None:
                 self.finish(job, status, now)
             updates.append(JobUpdate(job, [r.token_id], [r.logprob or 0.0], job.status.finished))
@@ -237,7 +261,15 @@ class GroupCore:
         if job.first_predicted_output_tokens is None:
             job.first_predicted_output_tokens = total
 
-    def _finish_status(self, job: Job) -> JobStatus | None:
+    def advanced(self, num_iterations: int, iteration_s: float) -> None:
+        """``steady.advance()`` applied ``num_iterations`` iterations of the last plan."""
+        self.num_iterations += num_iterations
+        if iteration_s > 0:
+            self._last_iteration_s = iteration_s
+        self.repeatable_plan = None
+
+    def finish_status(self, job: Job) -> JobStatus | None:
+        """How ``job`` ends after its last token, or None while it goes on."""
         if not job.ignore_eos and job.output[-1] in job.eos_token_ids:
             return JobStatus.FINISHED_STOPPED
         if len(job.output) >= job.max_tokens or job.num_tokens >= self.max_context:
@@ -276,6 +308,8 @@ class GroupCore:
     def check_invariants(self) -> None:
         """Free + held == total, no block held twice, no job in two plans in flight."""
         assert self._num_waiting == sum(1 for j in self.jobs.values() if not j.started)
+        assert self._num_waiting_single == sum(
+            1 for j in self.jobs.values() if not j.started and len(j.prompt) == 1)
         self.kv.check(self.jobs.values())
         seen: set[int] = set()
         for plan in self._in_flight.values():

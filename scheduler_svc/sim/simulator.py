@@ -21,19 +21,24 @@ refused request would silently drop out of the figures.
 
 from __future__ import annotations
 
+import functools
+import gc
 import math
 import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import ParamSpec, Protocol, TypeVar
 
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.contract import StepResult, TokenResult
 from scheduler_svc.core.cost_model import CostModel
 from scheduler_svc.core.group import GroupCore
 from scheduler_svc.core.job import Job
+from scheduler_svc.core.steady import advance, window
 from scheduler_svc.sim.metrics import RequestRecord, summarize
 
+P = ParamSpec("P")
+R = TypeVar("R")
 # The token every simulated job samples; its value is irrelevant (jobs ignore EOS).
 SIM_TOKEN = 0
 # Plans in a row that only free KV while jobs wait: one is normal (evictions, then the next plan
@@ -122,6 +127,23 @@ def _fit(requests: Iterable[RequestLike], max_context: int,
     return specs, skipped, clipped
 
 
+def _without_gc(fn: Callable[P, R]) -> Callable[P, R]:
+    """Run ``fn`` with the cyclic collector off: its full passes read every live object, and
+    with a million jobs queued they took most of the run (the core makes no cycles that
+    must be found while it runs; the collector runs again after)."""
+    @functools.wraps(fn)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if collecting:
+                gc.enable()
+    return run
+
+
+@_without_gc
 def simulate(
     requests: Iterable[RequestLike],
     *,
@@ -138,6 +160,7 @@ def simulate(
     prediction_sigma: float | None = None,
     prediction_seed: int = 0,
     predictions: Sequence[float] | None = None,
+    fast_forward: bool = True,
 ) -> SimResult:
     """Run ``requests`` through a ``GroupCore`` with ``config.policy`` on one simulated worker.
 
@@ -155,6 +178,10 @@ def simulate(
     with ``prediction_seed``), for policies that read predictions (``predictive``); 0 is a
     perfect predictor, None gives none. ``predictions``: recorded predicted output lengths
     instead, one per request of ``requests`` in its order (a predictor's, say).
+
+    ``fast_forward``: apply runs of iterations that repeat the batch before them at once
+    (``core/steady.py``); the figures are the same either way, only the time to get them
+    differs.
 
     ``stop_above_s_per_token``: stop as soon as the mean latency per token over all requests
     is certain to exceed it. A live job's latency per token is at least (now - arrival) /
@@ -197,16 +224,32 @@ def simulate(
     # the sums of 1/output and arrival/output (their bound at time t is t*inv - arr).
     done_per_token = live_inv = live_arr = 0.0
 
+    prompts: dict[int, list[int]] = {}  # read-only: the core never changes a prompt
+
     def admit_until(t: float) -> None:
         nonlocal next_i, live_inv, live_arr
         while next_i < num_specs and specs[next_i].arrival_s <= t:
             s = specs[next_i]
-            job = Job(next_i, [1] * s.input_tokens, s.output_tokens, s.arrival_s,
+            prompt = prompts.get(s.input_tokens)
+            if prompt is None:  # one list per length: a million prompts would not fit
+                prompt = prompts[s.input_tokens] = [1] * s.input_tokens
+            job = Job(next_i, prompt, s.output_tokens, s.arrival_s,
                       ignore_eos=True, predicted_output_tokens=predicted[next_i])
             core.add(job, s.arrival_s)
             live_inv += 1.0 / s.output_tokens
             live_arr += s.arrival_s / s.output_tokens
             next_i += 1
+
+    def record(job: Job) -> None:
+        nonlocal live_inv, live_arr, done_per_token
+        s = specs[job.job_id]
+        assert job.first_token_time is not None and job.finish_time is not None
+        records[job.job_id] = RequestRecord(
+            s.arrival_s, job.first_token_time, job.finish_time, s.input_tokens,
+            len(job.output))
+        live_inv -= 1.0 / s.output_tokens
+        live_arr -= s.arrival_s / s.output_tokens
+        done_per_token += (job.finish_time - s.arrival_s) / max(len(job.output), 1)
 
     num_idle_plans = 0  # plans in a row that computed nothing while jobs were live
     stopped_at: float | None = None
@@ -264,22 +307,42 @@ def simulate(
         num_done = 0
         for u in core.update(plan.step_id, StepResult(results, [], t, swap_wait_s=wait), end):
             if u.finished:
-                job = u.job
-                s = specs[job.job_id]
-                assert job.first_token_time is not None and job.finish_time is not None
-                records[job.job_id] = RequestRecord(
-                    s.arrival_s, job.first_token_time, job.finish_time, s.input_tokens,
-                    len(job.output))
+                record(u.job)
                 num_done += 1
-                live_inv -= 1.0 / s.output_tokens
-                live_arr -= s.arrival_s / s.output_tokens
-                done_per_token += (job.finish_time - s.arrival_s) / max(len(job.output), 1)
         if check_invariants:
             core.check_invariants()
-        if progress is not None and num_done:
-            progress(num_done)
         now = end
         if stop_above_s_per_token is not None:
+            bound = (done_per_token + now * live_inv - live_arr) / num_specs
+            if bound > stop_above_s_per_token:
+                stopped_at = bound
+                break
+        # The iterations after this one that would repeat its batch unchanged, at once.
+        starts = (window(core, t, now, specs[next_i].arrival_s if next_i < num_specs
+                         else math.inf, SIM_TOKEN, num_specs * max_context)
+                  if fast_forward and core.repeatable_plan is not None else [])
+        if starts:
+            # Arrivals during the window are admitted as the service would, before the
+            # update of the iteration they came in (only a window whose batch they cannot
+            # enter has any); a run that stops at the SLO stops where step by step would.
+            for j, s_j in enumerate(starts):
+                end_j = s_j + t
+                admit_until(end_j)
+                if (stop_above_s_per_token is not None and j + 1 < len(starts)
+                        and (done_per_token + end_j * live_inv - live_arr) / num_specs
+                        > stop_above_s_per_token):
+                    del starts[j + 1:]
+                    break
+            for job in advance(core, starts, t, SIM_TOKEN):
+                record(job)
+                num_done += 1
+            num_iterations += len(starts)
+            now = starts[-1] + t
+            if check_invariants:
+                core.check_invariants()
+        if progress is not None and num_done:
+            progress(num_done)
+        if starts and stop_above_s_per_token is not None:
             bound = (done_per_token + now * live_inv - live_arr) / num_specs
             if bound > stop_above_s_per_token:
                 stopped_at = bound

@@ -133,6 +133,14 @@ class KVLedger:
             return False
         return True
 
+    def has_claims(self) -> bool:
+        """Whether this Step reserved freed blocks for a job in the next."""
+        return bool(self._claims)
+
+    def store_steady(self, now: float) -> bool:
+        """Whether ``store_up`` stays what it is from ``now`` on (no retry time ahead)."""
+        return self.store_blocks == 0 or now >= self._store_retry_at
+
     def num_reserved(self) -> int:
         return self._reserved_total
 

@@ -94,6 +94,13 @@ class KVPolicy:
     def after_batch(self, step: StepContext) -> None:
         """The batch is formed: exchanges planned ahead go into ``step.plan`` here."""
 
+    def steady(self, now: float, min_free: int, batch_size: int,
+               arrivals_preempt: bool) -> bool:
+        """Whether ``after_batch`` plans nothing in Steps from ``now`` on while free blocks stay
+        at least ``min_free`` and nothing arrives (``core/steady.py``). Only the planner
+        plans there."""
+        return True
+
 
 class Reactive(KVPolicy):
     name = "reactive"
@@ -138,6 +145,17 @@ class Proactive(KVPolicy):
             arrivals.popleft()
         cap = int(self.config.kv_headroom_max * self.ledger.allocator.num_blocks)
         return min(sum(b for _, b in arrivals), cap)
+
+    def steady(self, now: float, min_free: int, batch_size: int,
+               arrivals_preempt: bool) -> bool:
+        ledger = self.ledger
+        if not ledger.store_steady(now):
+            return False
+        if not ledger.store_blocks:
+            return True  # no store: the planner never plans
+        # The headroom only shrinks as its window moves on without arrivals.
+        return (not ledger.offloaded
+                and min_free >= self.headroom(now, arrivals_preempt) + batch_size)
 
     def after_batch(self, step: StepContext) -> None:
         if not self.ledger.store_up:

@@ -71,6 +71,15 @@ class Policy(ABC):
                      now: float) -> None:
         """An iteration that ran ``ran`` took ``elapsed_s``: charge service, demote..."""
 
+    def steady_iterations(self, batch: list[Job], iteration_s: float,
+                          starts: list[float]) -> int:
+        """Of the next ``len(starts)`` iterations (starting at ``starts``, each
+        ``iteration_s`` long, each running ``batch`` for one decode per job, no arrivals),
+        how many in a row this policy would rank ``batch`` first, in the same order, when each
+        is scheduled: the simulator applies that many at once (``core/steady.py``). 0, the
+        default, when the policy cannot tell."""
+        return 0
+
     def enst(self, now: float, batch_size: int, iteration_s: float) -> dict[int, float]:
         """Estimated Next Scheduled Time of every live job, in seconds from ``now``.
 

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -115,6 +116,27 @@ class SkipJoinMLFQ(Policy):
                 stay.append(job)
         for job in reversed(stay):  # back to the head, keeping their batch order
             self._queues[self.level[job.job_id]].move_to_end(job.job_id, last=False)
+
+    def steady_iterations(self, batch: list[Job], iteration_s: float,
+                          starts: list[float]) -> int:
+        """Until the first demotion of a batch job (its service summed as ``on_iteration``
+        sums it) or the first starvation deadline: a job that ran and stays goes back to the
+        head of its queue, so the order is unchanged in between."""
+        k = bisect.bisect_right(starts, self.starvation.next_deadline())
+        last = len(self.quanta) - 1
+        for job in batch:
+            jid = job.job_id
+            lvl = self.level[jid]
+            if lvl == last:
+                continue
+            service, quantum, m = self.service[jid], self.quanta[lvl], 0
+            while m < k:
+                service += iteration_s
+                m += 1
+                if service > quantum:
+                    break  # demoted after its m-th iteration
+            k = m
+        return k
 
     def enst(self, now: float, batch_size: int, iteration_s: float) -> dict[int, float]:
         """``ENST(i) = min(T_promote(i), T_execute(i))`` (FastServe section 3).

@@ -42,6 +42,10 @@ class ShortestPromptFirst(_SortedPolicy):
     def key(self, job: Job) -> float:
         return len(job.prompt)
 
+    def steady_iterations(self, batch: list[Job], iteration_s: float,
+                          starts: list[float]) -> int:
+        return len(starts)  # a static key
+
 
 @register
 class SRPTOracle(_SortedPolicy):
@@ -55,3 +59,9 @@ class SRPTOracle(_SortedPolicy):
     def key(self, job: Job) -> float:
         total = job.output_length_hint or job.max_tokens
         return max(total - len(job.output), 0) + job.num_pending / 1e6
+
+    def steady_iterations(self, batch: list[Job], iteration_s: float,
+                          starts: list[float]) -> int:
+        # A decode only lowers its job's key: the batch stays ahead of every other job (its
+        # own order may change, which moves no job in or out).
+        return len(starts)

@@ -44,5 +44,12 @@ class StarvationClock:
             if self.deadline.get(jid) == deadline:  # else it ran since, or it is gone
                 yield jid
 
+    def next_deadline(self) -> float:
+        """The earliest deadline of a live job (inf: none): no job starves before it."""
+        waits, deadline = self._waits, self.deadline
+        while waits and deadline.get(waits[0][1]) != waits[0][0]:
+            heapq.heappop(waits)  # stale: it ran since, or it is gone
+        return waits[0][0] if waits else float("inf")
+
     def time_left(self, jid: int, now: float) -> float:
         return max(self.deadline[jid] - now, 0.0)

@@ -1,0 +1,170 @@
+"""Runs of identical decode iterations, applied at once: the simulator's way through them.
+
+Under load most iterations decode the batch of the one before, one token per job, and nothing
+in the core changes but each job's length. ``window()`` says how many of the next iterations
+would plan exactly the last plan's batch again; ``advance()`` applies them as that many
+``schedule()`` / ``update()`` pairs would have, with a worker that answers ``token`` for every
+job. A window ends before anything that could change the plan:
+
+| what                           | who says                        | bound                     |
+|--------------------------------|---------------------------------|---------------------------|
+| a job finishes                 | the job (max_tokens, context)   | its tokens left           |
+| a job reaches a block boundary | the ledger                      | free blocks for each      |
+| an arrival                     | the caller (``next_arrival``)   | none during a window,     |
+|                                |                                 | unless it cannot enter (a |
+|                                |                                 | full batch, arrivals that |
+|                                |                                 | never outrank started ones)|
+| a demotion, a promotion        | ``Policy.steady_iterations``    | 0 if it cannot say        |
+| an exchange planned ahead      | ``KVPolicy.steady``             | free blocks vs headroom   |
+
+Only plans the walk filled entirely (every job it ranked is in the batch: nothing skipped for
+blocks, uploads or claims, which time could change), of decodes of jobs the worker holds, with
+no swap, no first schedule and one plan in flight at most, can repeat. Exact: the simulator's
+figures are identical with and without (tests/scheduler_svc/test_steady.py), and the service
+never calls it (a real worker's tokens are not known ahead).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from scheduler_svc.core.contract import StepPlan
+from scheduler_svc.core.job import Job
+from scheduler_svc.core.policies.base import Policy
+from scheduler_svc.core.step_context import StepContext
+
+if TYPE_CHECKING:
+    from scheduler_svc.core.group import GroupCore
+
+
+def repeatable(plan: StepPlan, step: StepContext) -> bool:
+    """Whether ``plan`` (just formed in ``step``) is of the kind that can repeat unchanged."""
+    commands = plan.commands
+    return (bool(commands) and not plan.new_jobs and not plan.swap_out and not plan.swap_in
+            and not step.started and len(step.rank) == len(commands)
+            and all(c.num_tokens == 1 for c in commands))
+
+
+def _batch(core: GroupCore) -> list[Job] | None:
+    plan = core.repeatable_plan
+    if plan is None:
+        return None
+    jobs = core.jobs
+    batch = [jobs.get(c.job_id) for c in plan.commands]
+    if any(job is None for job in batch):
+        return None
+    return batch  # type: ignore[return-value]
+
+
+def _crossings(batch: list[Job], k: int, block_size: int) -> int:
+    """Blocks the batch needs for ``k`` more decodes each."""
+    total = 0
+    for job in batch:
+        kv = job.kv
+        need = -(-(kv.num_computed + k) // block_size) - len(kv.blocks)
+        if need > 0:
+            total += need
+    return total
+
+
+def window(core: GroupCore, iteration_s: float, start: float, next_arrival: float,
+           token: int, limit: int) -> list[float]:
+    """Start times of the next iterations (the first at ``start``, each ``iteration_s`` long,
+    at most ``limit``) that would each run the last plan's batch again, one decode per job,
+    if no job arrived before ``next_arrival``. Empty when none can be told."""
+    batch = _batch(core)
+    if (batch is None or core.num_in_flight or core.has_pending_frees or limit < 1
+            or core.policy_moved_since_plan):  # e.g. its update demoted a job
+        return []
+    plan = core.repeatable_plan
+    assert plan is not None
+    config = core.config
+    full = (len(plan.commands) >= config.max_batch_size
+            or plan.num_batched_tokens >= config.max_batched_tokens)
+    arrivals_matter = core.policy.arrivals_preempt or not full
+    if arrivals_matter and core.added_since_plan:
+        return []
+    for job in batch:
+        if job.status.finished:
+            return []
+        left = min(job.max_tokens - len(job.output), core.max_context - job.num_tokens)
+        if not job.ignore_eos and token in job.eos_token_ids:
+            left = 1
+        limit = min(limit, left)
+    starts: list[float] = []
+    s = start
+    while len(starts) < limit:
+        end = s + iteration_s
+        if arrivals_matter and next_arrival <= end:
+            break  # it would be admitted before this iteration's update
+        starts.append(s)
+        s = end
+    # The longest prefix whose block growth the free blocks cover and during which the KV
+    # policy plans nothing (both only get worse as blocks are used: bisect).
+    ledger, kvp = core.kv, core.kv_policy
+    free, bs, arrivals_preempt = ledger.num_free, ledger.block_size, core.policy.arrivals_preempt
+
+    def fits(k: int) -> bool:
+        left = free - _crossings(batch, k, bs)
+        return left >= 0 and kvp.steady(start, left, len(batch), arrivals_preempt)
+
+    lo, hi = 0, len(starts)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    if lo == 0:
+        return []
+    k = core.policy.steady_iterations(batch, iteration_s, starts[:lo])
+    return starts[:k]
+
+
+def advance(core: GroupCore, starts: list[float], iteration_s: float, token: int) -> list[Job]:
+    """Apply the iterations of ``window()``'s answer ``starts``: tokens, blocks, the policy's
+    charges, finishes. Returns the jobs that finished (in the last iteration)."""
+    batch = _batch(core)
+    k = len(starts)
+    assert batch is not None and k >= 1
+    ledger = core.kv
+    bs = ledger.block_size
+    # Blocks in the order the walks would take them: by iteration, then by batch order.
+    crossings: list[tuple[int, int]] = []
+    for i, job in enumerate(batch):
+        first = len(job.kv.blocks) * bs - job.kv.num_computed
+        crossings.extend((j, i) for j in range(first, k, bs))
+    crossings.sort()
+    for _, i in crossings:
+        ledger.grow(batch[i], 1)
+    ends = [*starts[1:], starts[-1] + iteration_s]
+    policy = core.policy
+    charges = type(policy).on_iteration is not Policy.on_iteration
+    # Every iteration but the last: no job finishes (the window ends at the first finish).
+    if k > 1:
+        tokens = [token] * (k - 1)
+        for job in batch:
+            job.kv.num_computed += k - 1
+            job.output.extend(tokens)
+            if job.first_token_time is None:
+                job.first_token_time = ends[0]
+        if charges:
+            for end in ends[:-1]:
+                policy.on_iteration(batch, iteration_s, end)
+    end = ends[-1]
+    finished, ran = [], []
+    for job in batch:
+        job.kv.num_computed += 1
+        job.output.append(token)
+        job.last_scheduled_time = starts[-1]
+        if job.first_token_time is None:
+            job.first_token_time = end
+        status = core.finish_status(job)
+        if status is not None:
+            core.finish(job, status, end)
+            finished.append(job)
+        else:
+            ran.append(job)
+    policy.on_iteration(ran, iteration_s, end)
+    core.advanced(k, iteration_s)
+    return finished
