@@ -11,6 +11,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from fastserve.proto import scheduler_pb2 as spb
 from fastserve.proto import scheduler_pb2_grpc
+from scheduler_svc.api.decode_guard import DecodeGuard
 from scheduler_svc.api.servicer import SchedulerServicer
 from scheduler_svc.api.text import TextModel
 from scheduler_svc.cluster import Cluster
@@ -52,7 +53,7 @@ async def create_service(config: SchedulerConfig, model_path: str, model_name: s
         lp.start()
     servicer = SchedulerServicer(config, text, Cluster(loops), model_name,
                                  on_finish=metrics.observe_finished if metrics else None)
-    server = grpc.aio.server()
+    server = grpc.aio.server(interceptors=[DecodeGuard(("fastserve.",))])
     scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -195,7 +195,7 @@ class Engine:
         if batch:
             start = time.perf_counter()
             try:
-                out.results = self._run(batch)
+                out.results = self._run(batch, out.errors)
             except Exception as e:  # noqa: BLE001 - one failed forward must not kill the worker
                 for job, _ in batch:
                     out.errors.append(JobError(job.job_id, ErrorCode.INTERNAL,
@@ -324,7 +324,9 @@ class Engine:
             job.block_ids.extend(c.append_block_ids)
         return job
 
-    def _run(self, batch: list[tuple[_Job, int]]) -> list[JobResult]:
+    def _run(self, batch: list[tuple[_Job, int]],
+             errors: list[JobError]) -> list[JobResult]:
+        """Compute ``batch``; a job that cannot be sampled goes to ``errors`` instead."""
         bs = self.pool.block_size
         window = self.model.spec.sliding_window
         dev = self.device
@@ -367,19 +369,25 @@ class Engine:
         logits = self.model.forward(input_ids, meta, self.pool)
         for job, n in batch:
             job.num_computed += n
-        tokens, logprobs = sample(
+        tokens, logprobs, failed = sample(
             logits,
             [j.sampling for j in sample_jobs],
             [j.num_generated for j in sample_jobs],
             [j.job_id for j in sample_jobs],
         )
         sampled = {}
-        for job, tok, lp in zip(sample_jobs, tokens, logprobs):
+        for i, (job, tok, lp) in enumerate(zip(sample_jobs, tokens, logprobs, strict=True)):
+            if i in failed:  # its own numbers went wrong: it fails alone (no token)
+                errors.append(JobError(job.job_id, ErrorCode.INVALID_ARGUMENT, failed[i]))
+                continue
             job.token_ids.append(tok)
             sampled[job.job_id] = (tok, lp)
         predicted = self._observe(probed, sample_jobs, meta) if probed else {}
         results = []
+        bad = {e.job_id for e in errors}
         for job, _ in batch:
+            if job.job_id in bad:
+                continue
             tok, lp = sampled.get(job.job_id, (None, None))
             results.append(JobResult(job.job_id, job.num_computed, tok, lp,
                                      predicted.get(job.job_id)))

@@ -7,10 +7,14 @@ preemption draws what it would have drawn.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
+# Temperatures below this sample greedily (vLLM's rule): dividing logits by 1e-45 made them
+# infinite and the row's probabilities NaN.
+GREEDY_BELOW = 1e-5
 _MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant: spreads consecutive step numbers apart
 _MASK = (1 << 63) - 1
 
@@ -24,8 +28,8 @@ class SamplingParams:
 
     def validate(self, vocab_size: int) -> str | None:
         """Why these parameters are unusable, or None."""
-        if not self.temperature >= 0.0:
-            return f"temperature must be >= 0, got {self.temperature}"
+        if not (self.temperature >= 0.0 and math.isfinite(self.temperature)):
+            return f"temperature must be finite and >= 0, got {self.temperature}"
         if not 0.0 < self.top_p <= 1.0:
             return f"top_p must be in (0, 1], got {self.top_p}"
         if self.top_k < 0:
@@ -36,20 +40,26 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < GREEDY_BELOW or self.top_k == 1
 
 
 def step_seed(seed: int, step: int) -> int:
     return ((seed & _MASK) * _MIX + step * 0x632BE59BD9B4E019 + 1) & _MASK
 
 
+class SamplingFailed(ValueError):
+    """One row's numbers cannot be sampled from (not finite, no mass): its job fails."""
+
+
 def sample(logits: torch.Tensor, params: list[SamplingParams], steps: list[int],
-           default_seeds: list[int]) -> tuple[list[int], list[float]]:
+           default_seeds: list[int]) -> tuple[list[int], list[float], dict[int, str]]:
     """Pick one token per row of ``logits`` ``[S, vocab]`` (float32).
 
     Returns the token ids and their log-probabilities under the model's unmodified
-    distribution (temperature 1, no truncation), as OpenAI-style APIs report them.
+    distribution (temperature 1, no truncation), as OpenAI-style APIs report them, and the
+    rows that could not be sampled (row -> why): only their jobs fail, never the batch.
     """
+    failed: dict[int, str] = {}
     logprobs_all = torch.log_softmax(logits, dim=-1)
     tokens = torch.argmax(logits, dim=-1)
     sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
@@ -60,10 +70,14 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], steps: list[int],
             seed = p.seed if p.seed is not None else default_seeds[i]
             gen = torch.Generator(device=logits.device)
             gen.manual_seed(step_seed(seed, steps[i]))
-            tokens[i] = _sample_row(logits[i], p, gen)
+            try:
+                tokens[i] = _sample_row(logits[i], p, gen)
+            except (SamplingFailed, RuntimeError) as e:
+                failed[i] = (f"sampling failed at temperature {p.temperature}, "
+                             f"top_p {p.top_p}, top_k {p.top_k}: {e}")
     token_list = tokens.tolist()
     picked = logprobs_all.gather(1, tokens.view(-1, 1)).view(-1).tolist()
-    return token_list, picked
+    return token_list, picked, failed
 
 
 # Candidates first taken for top-p alone: the nucleus at the usual settings is a few tokens.
@@ -76,6 +90,9 @@ def _sample_row(row: torch.Tensor, p: SamplingParams, gen: torch.Generator) -> t
     of probability 0 is never drawn (its interval of the CDF is empty)."""
     ids, probs = nucleus(row, p)
     cdf = probs.double().cumsum(0)
+    total = float(cdf[-1])
+    if not (math.isfinite(total) and total > 0.0):
+        raise SamplingFailed("the distribution is not finite")
     u = torch.rand((), generator=gen, dtype=torch.float64, device=row.device) * cdf[-1]
     i = torch.searchsorted(cdf, u, right=True).clamp_(max=len(ids) - 1)
     return ids[i]

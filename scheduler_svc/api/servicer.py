@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
 from fastserve.proto import scheduler_pb2 as spb
 from fastserve.proto import scheduler_pb2_grpc
-from scheduler_svc.api.requests import build_job
+from scheduler_svc.api.requests import build_job, validate_request_id
 from scheduler_svc.api.text import IncrementalDetokenizer, InvalidRequest, TextModel
 from scheduler_svc.cluster import Cluster
 from scheduler_svc.core.config import SchedulerConfig
@@ -47,6 +49,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self.model_name = model_name
         self.on_finish = on_finish  # called with each finished Job (metrics)
         self._ids = itertools.count(1)
+        # One thread: a fast tokenizer must not be entered by two threads at once.
+        self._text_thread = ThreadPoolExecutor(1, thread_name_prefix="fastserve-text")
 
     async def Generate(self, request: spb.GenerateRequest,
                        context: grpc.aio.ServicerContext) -> AsyncIterator[spb.GenerateResponse]:
@@ -56,19 +60,28 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if group is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "no worker is ready")
         request_id = request.request_id or uuid.uuid4().hex
+        try:
+            validate_request_id(request_id)
+        except InvalidRequest as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        limits = cluster.limits(group)
+        try:
+            # Tokenizing and chat rendering run on the text thread, never on this loop: a
+            # large prompt once froze every stream for 7.5 s.
+            job, stop = await asyncio.get_running_loop().run_in_executor(
+                self._text_thread, functools.partial(
+                    build_job, request, job_id=next(self._ids), request_id=request_id,
+                    now=now, text=self.text, vocab_size=limits.vocab_size,
+                    max_context=limits.max_context,
+                    default_max_tokens=self.config.default_max_tokens,
+                    eos_token_ids=limits.eos_token_ids | self.text.eos_token_ids))
+        except InvalidRequest as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        # Checked after the await above, with no await until submit: two requests with one
+        # id cannot both pass.
         if cluster.is_live(request_id):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"request_id: {request_id!r} is already in use by a live request")
-        limits = cluster.limits(group)
-        try:
-            job, stop = build_job(
-                request, job_id=next(self._ids), request_id=request_id, now=now, text=self.text,
-                vocab_size=limits.vocab_size, max_context=limits.max_context,
-                default_max_tokens=self.config.default_max_tokens,
-                eos_token_ids=limits.eos_token_ids | self.text.eos_token_ids,
-            )
-        except InvalidRequest as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         if not cluster.can_admit(group):
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,

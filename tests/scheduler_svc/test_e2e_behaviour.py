@@ -90,7 +90,17 @@ BAD = [
     (spb.GenerateRequest(text="hi", sampling=spb.SamplingOptions(max_tokens=10**6)),
      "sampling.max_tokens must be in [1, "),
     (spb.GenerateRequest(text="hi", sampling=spb.SamplingOptions(temperature=-1)),
-     "sampling.temperature must be >= 0"),
+     "sampling.temperature must be in [0, 100]"),
+    (spb.GenerateRequest(text="hi", sampling=spb.SamplingOptions(temperature=float("nan"))),
+     "sampling.temperature must be in [0, 100]"),
+    (spb.GenerateRequest(text="x" * 3_900_000), "text: 3900000 bytes; the limit is"),
+    (spb.GenerateRequest(text="hi", request_id="r" * 3_900_000),
+     "request_id: 3900000 characters; the limit is 256"),
+    (spb.GenerateRequest(token_ids=spb.TokenIds(ids=[5] * 1_000_000)),
+     "token_ids.ids: 1000000 tokens; the limit is"),
+    (spb.GenerateRequest(chat=spb.ChatMessages(messages=[
+        spb.ChatMessage(role="user", content="hi")] * 2000)),
+     "chat.messages: 2000 messages; the limit is 1024"),
     (spb.GenerateRequest(text="hi", sampling=spb.SamplingOptions(top_p=0)),
      "sampling.top_p must be in (0, 1]"),
     (spb.GenerateRequest(text="hi", sampling=spb.SamplingOptions(top_p=1.5)),
@@ -120,6 +130,44 @@ def test_bad_input_is_named_and_disturbs_nothing(tiny_cluster):
         ids, final = box["value"]
         assert len(ids) == 40 and final.finish_reason == spb.FINISH_REASON_LENGTH
     assert wait_until(lambda: used_blocks(tiny_cluster) == 0)
+
+
+def test_invalid_utf8_is_invalid_argument_not_unknown(tiny_cluster):
+    field = spb.GenerateRequest.DESCRIPTOR.fields_by_name["text"].number
+    raw = bytes([field << 3 | 2, 3]) + b"\xff\xfeA"  # a length-delimited text of bad UTF-8
+    generate = tiny_cluster.channel.unary_stream(
+        "/fastserve.v1.Scheduler/Generate", request_serializer=lambda b: b,
+        response_deserializer=spb.GenerateResponse.FromString)
+    with pytest.raises(grpc.RpcError) as err:
+        list(generate(raw))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "UTF-8" in err.value.details() and "Generate" in err.value.details()
+    cancel = tiny_cluster.channel.unary_unary(
+        "/fastserve.v1.Scheduler/Cancel", request_serializer=lambda b: b,
+        response_deserializer=spb.CancelResponse.FromString)
+    with pytest.raises(grpc.RpcError) as err:
+        cancel(bytes([1 << 3 | 2, 2]) + b"\xc3\x28")
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    ids, _ = collect(tiny_cluster.stub.Generate(long_request(max_tokens=5)))
+    assert len(ids) == 5  # the service is unharmed
+
+
+def test_a_vanishing_temperature_samples_greedily_and_harms_no_batch_mate(tiny_cluster):
+    """1e-45 once passed validation, made the sampler's numbers infinite and ended every
+    stream of its batch with an error."""
+    stub = tiny_cluster.stub
+    prompts = ["count with me", "tell me a story", "the sky is"]
+
+    def run(prompt, temperature):
+        return collect(stub.Generate(spb.GenerateRequest(text=prompt, sampling=spb.SamplingOptions(
+            max_tokens=30, temperature=temperature, ignore_eos=True))))
+
+    solo = [run(p, 0.0)[0] for p in prompts]
+    together = [in_background(run, p, 1e-45 if i == 0 else 0.0) for i, p in enumerate(prompts)]
+    for (t, box), expect in zip(together, solo, strict=True):
+        t.join(60)
+        ids, final = box["value"]
+        assert final.finish_reason == spb.FINISH_REASON_LENGTH and ids == expect
 
 
 def test_full_waiting_queue_is_refused_at_once(tiny_cluster):

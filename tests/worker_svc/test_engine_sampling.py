@@ -49,17 +49,18 @@ def test_different_seeds_differ(engine):
 def test_top_k_and_top_p_restrict_the_choice():
     logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0, -1.0]])
     for step in range(200):
-        (tok,), _ = sample(logits, [SamplingParams(temperature=5.0, top_k=2, seed=1)], [step], [0])
+        (tok,), _, _ = sample(logits, [SamplingParams(temperature=5.0, top_k=2, seed=1)],
+                              [step], [0])
         assert tok in (0, 1)
         # softmax of [4, 3, 2, ...]: p0 ~= 0.64 < 0.7, so top_p=0.7 keeps exactly tokens 0 and 1.
-        (tok,), _ = sample(logits, [SamplingParams(temperature=1.0, top_p=0.7, seed=2)],
+        (tok,), _, _ = sample(logits, [SamplingParams(temperature=1.0, top_p=0.7, seed=2)],
                            [step], [0])
         assert tok in (0, 1)
 
 
 def test_logprob_is_the_model_distribution():
     logits = torch.tensor([[2.0, 1.0, 0.5]])
-    (tok,), (lp,) = sample(logits, [SamplingParams()], [0], [0])
+    (tok,), (lp,), _ = sample(logits, [SamplingParams()], [0], [0])
     assert tok == 0
     assert lp == pytest.approx(torch.log_softmax(logits, -1)[0, 0].item(), abs=1e-6)
 
@@ -128,5 +129,56 @@ def test_the_nucleus_is_what_a_whole_vocabulary_sort_keeps(params):
         expect = _reference_nucleus(row, params)
         got = torch.zeros_like(expect).index_put_((ids,), probs)
         torch.testing.assert_close(got, expect, rtol=1e-4, atol=1e-6)
-        (tok,), _ = sample(row.view(1, -1), [params], [3], [11])
+        (tok,), _, _ = sample(row.view(1, -1), [params], [3], [11])
         assert expect[tok] > 0
+
+
+def test_a_row_that_cannot_be_sampled_fails_its_job_alone(engine, monkeypatch):
+    """Whatever makes one job's numbers unusable, its batch mates get their tokens."""
+    import worker_svc.sampler as sampler
+    from worker_svc.engine import NewJob, StepCommand
+    from worker_svc.errors import ErrorCode
+
+    def first_tokens(jobs):
+        out = engine.step(StepCommand(new_jobs=[NewJob(i, p, s, list(range(4 * i, 4 * i + 4)))
+                                                for i, (p, s) in jobs.items()],
+                                      commands=[_cmd(i, len(p)) for i, (p, _) in jobs.items()]))
+        engine.step(StepCommand(free_job_ids=list(jobs)))
+        return out
+
+    bad = SamplingParams(temperature=0.5, seed=3)
+    good = SamplingParams(temperature=0.9, seed=4)
+    alone = first_tokens({1: (_prompt(9, 1), good), 2: (_prompt(7, 2), SamplingParams())})
+    real = sampler._sample_row
+
+    def broken(row, p, gen):
+        if p.temperature == 0.5:
+            raise sampler.SamplingFailed("the distribution is not finite")
+        return real(row, p, gen)
+
+    monkeypatch.setattr(sampler, "_sample_row", broken)
+    out = first_tokens({0: (_prompt(5, 0), bad), 1: (_prompt(9, 1), good),
+                        2: (_prompt(7, 2), SamplingParams())})
+    assert [(e.job_id, e.code) for e in out.errors] == [(0, ErrorCode.INVALID_ARGUMENT)]
+    assert "not finite" in out.errors[0].message
+    got = {r.job_id: r.token_id for r in out.results}
+    assert got == {r.job_id: r.token_id for r in alone.results}
+    assert engine.pool.num_used_blocks == 0
+
+
+def test_the_sampler_reports_a_row_without_finite_mass_and_samples_the_rest():
+    logits = torch.tensor([[float("nan")] * 4, [0.0, 5.0, 0.0, 0.0]])
+    params = [SamplingParams(temperature=1.0, seed=1), SamplingParams(temperature=0.1, seed=1)]
+    tokens, _, failed = sample(logits, params, [0, 0], [0, 0])
+    assert list(failed) == [0] and "not finite" in failed[0]
+    assert tokens[1] == 1
+
+
+def test_a_vanishing_temperature_is_greedy():
+    assert SamplingParams(temperature=1e-45).greedy and not SamplingParams(temperature=0.1).greedy
+
+
+def _cmd(job_id, n):
+    from worker_svc.engine import JobCommand
+
+    return JobCommand(job_id, n, [])
