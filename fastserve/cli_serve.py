@@ -5,8 +5,10 @@ KV store starts as a child process (unless ``--no-kvstore``), then the worker po
 then the scheduler pointed at the worker; once all have printed their ready lines, one line
 goes to stdout: ``FastServe ready at HOST:PORT (policy P, model M)``. The children's logs pass
 through to stderr. Shutdown stops the scheduler first, so that no new work reaches the worker,
-then the worker, then the store (SIGTERM, then SIGKILL after 10 s), and exits 0. If any child
-dies on its own, the others are stopped and the command exits 1.
+then the worker, then the store (SIGTERM, then SIGKILL after 10 s), and exits 0. A child that
+dies on its own is started again on the same port after a backoff (1 s, doubled per restart
+within 10 minutes) while the others keep serving; one that dies a sixth time within 10
+minutes stops everything, and the command exits 1.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from scheduler_svc.config_args import add_config_args, config_argv, config_from_args
 
@@ -213,25 +216,79 @@ def run(args: argparse.Namespace) -> int:
 
 def _supervise(args: argparse.Namespace, stop: threading.Event,
                children: list[tuple[str, Child]]) -> int:
+    """Start the children, then restart any that dies (see ``Restarts``) until ``stop``."""
+    specs: list[tuple[str, list[str], str, float]] = []  # (name, command, ready line, timeout)
+
+    def start(name: str, cmd: list[str], ready: str, timeout: float) -> str:
+        child, address = start_child(cmd, ready, timeout, name=name, stop=stop)
+        children.append((name, child))
+        # A restart must come back where the others look for it: on the port it got.
+        specs.append((name, pinned(cmd, address), ready, timeout))
+        return address
+
     store_address = None
     if not args.no_kvstore:
-        store, store_address = start_child(kvstore_command(args), KVSTORE_READY,
-                                           KVSTORE_START_TIMEOUT_S, name="kvstore", stop=stop)
-        children.append(("kvstore", store))
-    worker, worker_address = start_child(worker_command(args, store_address), WORKER_READY,
-                                         WORKER_START_TIMEOUT_S, name="worker", stop=stop)
-    children.append(("worker", worker))
-    scheduler, address = start_child(scheduler_command(args, worker_address), SCHEDULER_READY,
-                                     SCHEDULER_START_TIMEOUT_S, name="scheduler", stop=stop)
-    children.append(("scheduler", scheduler))
+        store_address = start("kvstore", kvstore_command(args), KVSTORE_READY,
+                              KVSTORE_START_TIMEOUT_S)
+    worker_address = start("worker", worker_command(args, store_address), WORKER_READY,
+                           WORKER_START_TIMEOUT_S)
+    address = start("scheduler", scheduler_command(args, worker_address), SCHEDULER_READY,
+                    SCHEDULER_START_TIMEOUT_S)
     policy = config_from_args(args).policy
     print(f"FastServe ready at {address} (policy {policy}, model {args.model})", flush=True)
+    restarts = Restarts(RESTART_LIMIT, RESTART_WINDOW_S, RESTART_BACKOFF_S)
     while not stop.wait(0.5):
-        for name, child in children:
-            if child.poll() is not None:
-                raise ChildFailed(f"{name} exited unexpectedly with code {child.returncode}; "
-                                  f"its last stderr lines:\n{child.tail()}")
+        for i, (name, child) in enumerate(children):
+            if child.poll() is None:
+                continue
+            delay = restarts.next_delay(name)  # raises ChildFailed past the limit
+            print(f"{name} exited unexpectedly with code {child.returncode}; restarting it in "
+                  f"{delay:.0f} s (the others keep serving). Its last stderr lines:\n"
+                  f"{child.tail()}", file=sys.stderr, flush=True)
+            if stop.wait(delay):
+                return 0
+            _, cmd, ready, timeout = specs[i]
+            new, _ = start_child(cmd, ready, timeout, name=name, stop=stop)
+            children[i] = (name, new)
+            print(f"{name} restarted", file=sys.stderr, flush=True)
     return 0
+
+
+RESTART_LIMIT = 5  # restarts of one child within RESTART_WINDOW_S, then serve gives up
+RESTART_WINDOW_S = 600.0
+RESTART_BACKOFF_S = 1.0  # doubled per recent restart
+
+
+class Restarts:
+    """Backoff and limit per child: a child that keeps dying is not restarted forever."""
+
+    def __init__(self, limit: int = RESTART_LIMIT, window_s: float = RESTART_WINDOW_S,
+                 backoff_s: float = RESTART_BACKOFF_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.limit, self.window_s, self.backoff_s, self.clock = limit, window_s, backoff_s, clock
+        self._times: dict[str, collections.deque[float]] = {}
+
+    def next_delay(self, name: str) -> float:
+        now = self.clock()
+        recent = self._times.setdefault(name, collections.deque())
+        while recent and recent[0] < now - self.window_s:
+            recent.popleft()
+        if len(recent) >= self.limit:
+            raise ChildFailed(f"{name} died {len(recent) + 1} times within "
+                              f"{self.window_s:.0f} s; not restarting it again")
+        recent.append(now)
+        return self.backoff_s * 2 ** (len(recent) - 1)
+
+
+def pinned(cmd: list[str], address: str) -> list[str]:
+    """``cmd`` with its ``--listen`` port set to the one ``address`` (HOST:PORT) names."""
+    port = address.rsplit(":", 1)[1]
+    out = list(cmd)
+    if "--listen" not in out:
+        return out
+    i = out.index("--listen")
+    out[i + 1] = f"{out[i + 1].rsplit(':', 1)[0]}:{port}"
+    return out
 
 
 def _pump(stream, on_line, echo: bool = True) -> threading.Thread:  # type: ignore[no-untyped-def]

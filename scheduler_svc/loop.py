@@ -30,6 +30,16 @@ log = logging.getLogger(__name__)
 
 RECONNECT_S = 2.0
 STORE_WAIT_S = 5.0
+# An idle loop checks its worker this often: a worker that died or restarted while idle used
+# to be noticed only by the first request after, which then failed.
+IDLE_CHECK_S = 1.0
+
+
+def layout(d: wpb.DescribeResponse) -> tuple:
+    """What the core is built from: a worker that comes back with another one gets a new core
+    (it once kept the old pool: "block id 53 out of range [0, 40)")."""
+    return (d.model, d.num_blocks, d.block_size, d.max_context, d.vocab_size,
+            d.store_connected and d.store_capacity_blocks)
 
 
 @dataclass
@@ -54,6 +64,16 @@ class IterationStats:
         return "prefill" if self.num_decodes == 0 else "mixed"
 
 
+def reason(e: BaseException) -> str:
+    """A worker failure in words a client can read: a gRPC error's code and details, not
+    the error's whole repr (it reached clients with the debug string of the channel)."""
+    if isinstance(e, grpc.aio.AioRpcError):
+        return f"{e.code().name}: {e.details()}"
+    if isinstance(e, TimeoutError):
+        return "no answer in time"
+    return f"{type(e).__name__}: {e}"
+
+
 class WorkerLoop:
     """Owns one worker connection and the GroupCore of that worker."""
 
@@ -75,6 +95,7 @@ class WorkerLoop:
         self._channel: grpc.aio.Channel | None = None
         self._task: asyncio.Task | None = None
         self._pending: list[JobUpdate] = []  # applied to the core, not yet streamed
+        self._core_layout: tuple | None = None  # layout() of the worker the core was built for
 
     @property
     def ready(self) -> bool:
@@ -117,6 +138,11 @@ class WorkerLoop:
             log.warning("policy predictive, but worker %s has no output-length predictor: its "
                         "jobs rank by the tokens they have made (train one with `fastserve "
                         "predictor train`)", self.address)
+        if self.core is not None and layout(d) != self._core_layout:
+            assert not self.core.jobs, "a lost worker's jobs were failed before it came back"
+            log.warning("worker %s came back with another layout (%s, was %s): its view is "
+                        "rebuilt", self.address, layout(d), self._core_layout)
+            self.core = None
         if self.core is None:
             cost_model = None
             if POLICIES[self.config.policy].needs_cost_model:
@@ -136,6 +162,7 @@ class WorkerLoop:
             self.core = GroupCore(self.config, d.num_blocks, d.block_size, capacity,
                                   cost_model=cost_model, store_blocks=store_blocks,
                                   pipeline_depth=self.pipeline_depth)
+            self._core_layout = layout(d)
             log.info("worker %s: %d KV blocks, KV store %s (%d blocks), kv policy %s",
                      self.address, d.num_blocks, d.kvstore_address or "none", store_blocks,
                      self.config.kv_policy)
@@ -183,7 +210,7 @@ class WorkerLoop:
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - any failure means the worker is lost
-                self._lost(f"{type(e).__name__}: {e}")
+                self._lost(reason(e))
                 await asyncio.sleep(RECONNECT_S)
 
     def _lost(self, why: str) -> None:
@@ -219,7 +246,11 @@ class WorkerLoop:
                 core.check_invariants()
                 self._publish()
                 self._wake.clear()
-                await self._wake.wait()
+                while not self._wake.is_set():
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), IDLE_CHECK_S)
+                    except TimeoutError:
+                        await self._check_idle(stub, call)
                 last_read = time.perf_counter()
                 continue
             # Hand the previous iteration's tokens to their streams while this one runs.
@@ -236,6 +267,16 @@ class WorkerLoop:
             self._pending.extend(core.update(msg.step_id, result, time.monotonic()))
             self._publish()
             self._report(plan, result.compute_time_s, last_read - written, overhead)
+
+    async def _check_idle(self, stub: worker_pb2_grpc.WorkerStub, call: object) -> None:
+        """Raise if the idle worker is gone, restarted (its Step stream ended), or now
+        describes another layout."""
+        if call.done():  # type: ignore[attr-defined]
+            raise ConnectionError("the worker's Step stream ended (it stopped or restarted)")
+        d = await stub.Describe(wpb.DescribeRequest(), timeout=5 * IDLE_CHECK_S)
+        if layout(d) != self._core_layout:
+            raise ConnectionError(f"the worker now describes {layout(d)}, not "
+                                  f"{self._core_layout}")
 
     def _dispatch(self) -> None:
         updates, self._pending = self._pending, []

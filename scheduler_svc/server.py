@@ -32,8 +32,11 @@ class SchedulerService:
     loops: list[WorkerLoop]
     health: health.aio.HealthServicer
     metrics: SchedulerMetrics | None
+    health_watch: asyncio.Task | None = None
 
     async def stop(self, grace_s: float = 5.0) -> None:
+        if self.health_watch is not None:
+            self.health_watch.cancel()
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace_s)
         for lp in self.loops:
@@ -61,9 +64,26 @@ async def create_service(config: SchedulerConfig, model_path: str, model_name: s
     if port == 0:
         raise RuntimeError(f"could not bind {listen}")
     await server.start()
-    for name in ("", SERVICE_NAME):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    watch = asyncio.create_task(_watch_health(health_servicer, loops), name="health")
     if metrics is not None:
         metrics.bind(loops)
         metrics.port = metrics.serve(metrics_port)
-    return SchedulerService(server, port, servicer, loops, health_servicer, metrics)
+    return SchedulerService(server, port, servicer, loops, health_servicer, metrics, watch)
+
+
+HEALTH_CHECK_S = 0.5
+
+
+async def _watch_health(servicer: health.aio.HealthServicer, loops: list[WorkerLoop]) -> None:
+    """SERVING while some worker is ready, NOT_SERVING while none is (a load balancer or
+    Kubernetes then sends no traffic here)."""
+    serving: bool | None = None
+    while True:
+        ready = any(lp.ready for lp in loops)
+        if ready != serving:
+            status = (health_pb2.HealthCheckResponse.SERVING if ready
+                      else health_pb2.HealthCheckResponse.NOT_SERVING)
+            for name in ("", SERVICE_NAME):
+                await servicer.set(name, status)
+            serving = ready
+        await asyncio.sleep(HEALTH_CHECK_S)

@@ -41,6 +41,11 @@ if mode == "dies":
 say("ready")
 if mode != "mute":
     print(f"{name} listening on 127.0.0.1:4242")
+if mode == "crash-once":  # crashes on its first run only
+    import pathlib
+    marker = pathlib.Path(log + "." + name)
+    mode = "ok" if marker.exists() else "crash"
+    marker.touch()
 deadline = time.time() + (0.5 if mode == "crash" else 60)
 while time.time() < deadline:
     time.sleep(0.05)
@@ -136,12 +141,53 @@ def test_serve_stops_the_scheduler_then_the_worker_then_the_store_on_sigterm(mon
     assert cmd[cmd.index("--max-waiting") + 1] == "8" and "--max-batch-size" not in cmd
 
 
-def test_serve_exits_1_and_stops_the_worker_when_the_scheduler_dies(monkeypatch, fake, capsys):
+def test_serve_restarts_a_child_that_dies_and_keeps_the_others(monkeypatch, fake, capsys):
+    monkeypatch.setattr(cli_serve, "RESTART_BACKOFF_S", 0.05)
+
+    def terminate_when_restarted():
+        deadline = time.monotonic() + 30
+        while fake.events().count("scheduler ready") < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=terminate_when_restarted, daemon=True).start()
+    code, _ = _serve_with_fakes(monkeypatch, fake, "crash-once", ["--port", "0"])
+    assert code == 0
+    assert fake.events() == ["kvstore ready", "worker ready", "scheduler ready",
+                             "scheduler ready", "scheduler stopped", "worker stopped",
+                             "kvstore stopped"]
+    err = capsys.readouterr().err
+    assert "scheduler exited unexpectedly with code 1; restarting it in 0 s" in err
+    assert "scheduler restarted" in err
+
+
+def test_serve_gives_up_on_a_child_that_keeps_dying(monkeypatch, fake, capsys):
+    monkeypatch.setattr(cli_serve, "RESTART_BACKOFF_S", 0.01)
     code, _ = _serve_with_fakes(monkeypatch, fake, "crash", ["--port", "0"])
     assert code == 1
-    assert fake.events() == ["kvstore ready", "worker ready", "scheduler ready",
-                             "worker stopped", "kvstore stopped"]
-    assert "scheduler exited unexpectedly with code 1" in capsys.readouterr().err
+    events = fake.events()
+    assert events.count("scheduler ready") == 1 + cli_serve.RESTART_LIMIT
+    assert events[-2:] == ["worker stopped", "kvstore stopped"]
+    assert "scheduler died 6 times within 600 s; not restarting it again" in (
+        capsys.readouterr().err)
+
+
+def test_restarts_back_off_and_forget_old_deaths():
+    now = [0.0]
+    r = cli_serve.Restarts(limit=3, window_s=100, backoff_s=1, clock=lambda: now[0])
+    assert [r.next_delay("w") for _ in range(3)] == [1, 2, 4]
+    with pytest.raises(cli_serve.ChildFailed, match="w died 4 times within 100 s"):
+        r.next_delay("w")
+    assert r.next_delay("store") == 1  # per child
+    now[0] = 150.0
+    assert r.next_delay("w") == 1
+
+
+def test_a_restart_listens_where_the_first_start_did():
+    cmd = ["python", "-m", "worker_svc", "--listen", "127.0.0.1:0", "--model", "m"]
+    assert cli_serve.pinned(cmd, "127.0.0.1:43210")[4] == "127.0.0.1:43210"
+    assert cli_serve.pinned(["x"], "h:1") == ["x"]
 
 
 def _children(pid: int) -> list[int]:
@@ -154,6 +200,13 @@ def _children(pid: int) -> list[int]:
         if int(fields[1]) == pid:  # fields: state, ppid, ...
             found.append(int(stat.parent.name))
     return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -191,6 +244,27 @@ def test_serve_end_to_end(tmp_path):
                    "0", "--max-tokens", "20", "--address", address)
         assert gen.returncode == 0, gen.stderr
         assert "Paris" in gen.stdout
+
+        # kill -9 of the worker, then of the store: serve restarts each, and answers again.
+        for module in ("worker_svc", "kvstore_svc"):
+            (victim,) = [pid for pid in _children(serve.pid) if module in _cmdline(pid)]
+            os.kill(victim, signal.SIGKILL)
+            killed = time.monotonic()
+            while time.monotonic() - killed < 60:
+                gen = _cli("generate", "What is the capital of France?", "--temperature",
+                           "0", "--max-tokens", "20", "--address", address)
+                if gen.returncode == 0:
+                    break
+                time.sleep(1)
+            log.seek(0)
+            assert gen.returncode == 0 and "Paris" in gen.stdout, log.read()[-4000:]
+            print(f"{module} killed: answering again after {time.monotonic() - killed:.1f} s")
+            assert serve.poll() is None
+        deadline = time.monotonic() + 60  # the store comes back after its backoff
+        while len(_children(serve.pid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        children = _children(serve.pid)
+        assert len(children) == 3, log.read()[-4000:]
 
         serve.send_signal(signal.SIGTERM)
         assert serve.wait(timeout=30) == 0

@@ -199,6 +199,11 @@ def test_killed_worker_fails_streams_with_unavailable(tiny_cluster):
         with pytest.raises(grpc.RpcError) as err:
             collect(s)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        # Written for the client: no internal error repr (it once carried the channel's
+        # whole debug string).
+        details = err.value.details()
+        assert "unavailable" in details and len(details) < 300, details
+        assert "debug_error_string" not in details and "AioRpcError" not in details
     assert time.monotonic() - start < 10
     status = stub.Status(spb.StatusRequest(), timeout=5)
     assert [w.state for w in status.workers] in (["failed"], ["connecting"])
@@ -206,3 +211,40 @@ def test_killed_worker_fails_streams_with_unavailable(tiny_cluster):
     with pytest.raises(grpc.RpcError) as err:
         list(stub.Generate(long_request(max_tokens=5)))
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+@pytest.mark.parametrize("num_blocks", [256, 40])
+def test_a_worker_lost_while_idle_is_noticed_and_its_restart_is_re_described(
+        tiny_cluster, tiny_tok_model, tmp_path, num_blocks):
+    """Killed while idle, the worker was once still "ready" (health SERVING) until the next
+    request failed; restarted with a smaller pool, the scheduler kept the old one and sent
+    block ids past its end."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from procs import start_worker
+
+    stub = tiny_cluster.stub
+    health = health_pb2_grpc.HealthStub(tiny_cluster.channel)
+
+    def serving():
+        return health.Check(health_pb2.HealthCheckRequest(), timeout=5).status
+
+    def worker():
+        return stub.Status(spb.StatusRequest(), timeout=5).workers[0]
+
+    assert len(collect(stub.Generate(long_request(max_tokens=5)))[0]) == 5
+    port = tiny_cluster.worker.address.rsplit(":", 1)[1]
+    tiny_cluster.worker.kill()
+    assert wait_until(lambda: not worker().healthy, 10)
+    assert wait_until(lambda: serving() == health_pb2.HealthCheckResponse.NOT_SERVING, 10)
+    tiny_cluster.worker = start_worker(str(tiny_tok_model), tmp_path, num_blocks, "restarted",
+                                       "--listen", f"127.0.0.1:{port}")
+    assert wait_until(lambda: worker().healthy, 60)
+    assert worker().num_blocks == num_blocks
+    assert wait_until(lambda: serving() == health_pb2.HealthCheckResponse.SERVING, 10)
+    runs = [in_background(lambda: collect(stub.Generate(long_request(max_tokens=120))))
+            for _ in range(4)]
+    for t, box in runs:
+        t.join(120)
+        assert "error" not in box, box.get("error")
+        ids, final = box["value"]
+        assert len(ids) == 120 and final.finish_reason == spb.FINISH_REASON_LENGTH
