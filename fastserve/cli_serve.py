@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from fastserve.metrics_endpoint import DEFAULT_HOST, HOST_HELP
 from scheduler_svc.config_args import add_config_args, config_argv, config_from_args
 
 KVSTORE_READY = "kvstore listening on "
@@ -81,6 +82,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--metrics-port", type=int, default=9400,
                    help="scheduler Prometheus port; the worker uses the next one "
                         "(0 = pick any, -1 = off)")
+    p.add_argument("--metrics-host", default=DEFAULT_HOST, help=HOST_HELP)
     p.add_argument("--kvstore-budget", default=None, metavar="BYTES",
                    help="host memory of the node's KV store, e.g. 4GiB (default: a quarter "
                    "of RAM)")
@@ -100,6 +102,7 @@ def kvstore_command(args: argparse.Namespace) -> list[str]:
     """The node KV store's command line (loopback: the worker beside it is its only client)."""
     cmd = [sys.executable, "-m", "kvstore_svc", "--listen", "127.0.0.1:0",
            "--metrics-port", str(worker_metrics_port(args.metrics_port, 2)),
+           "--metrics-host", getattr(args, "metrics_host", DEFAULT_HOST),
            "--log-level", getattr(args, "log_level", "INFO")]
     if args.kvstore_budget:
         cmd += ["--budget-bytes", str(args.kvstore_budget)]
@@ -113,6 +116,7 @@ def worker_command(args: argparse.Namespace, kvstore: str | None = None) -> list
         "--dtype", args.dtype, "--num-blocks", str(args.kv_blocks),
         "--block-size", str(args.block_size), "--listen", f"127.0.0.1:{args.worker_port}",
         "--metrics-port", str(worker_metrics_port(args.metrics_port)),
+        "--metrics-host", getattr(args, "metrics_host", DEFAULT_HOST),
         "--log-level", getattr(args, "log_level", "INFO"),
         "--predictor", getattr(args, "predictor", "auto"),
     ]
@@ -132,6 +136,7 @@ def scheduler_command(args: argparse.Namespace, workers: str) -> list[str]:
     return [
         sys.executable, "-m", "scheduler_svc", "--model", args.model, "--workers", workers,
         "--listen", f"{args.host}:{args.port}", "--metrics-port", str(args.metrics_port),
+        "--metrics-host", getattr(args, "metrics_host", DEFAULT_HOST),
         *config_argv(args),
     ]
 

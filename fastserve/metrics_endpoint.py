@@ -6,6 +6,10 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
 
+DEFAULT_HOST = "127.0.0.1"
+HOST_HELP = ("address /metrics binds (default 127.0.0.1, loopback only; 0.0.0.0 for a "
+             "Prometheus on another host, e.g. scraping a pod)")
+
 
 class MetricsEndpoint:
     """Owns a registry (not the process-global one) and the HTTP server that exposes it."""
@@ -14,9 +18,10 @@ class MetricsEndpoint:
         self.registry = CollectorRegistry()
         self._server: WSGIServer | None = None
 
-    def serve(self, port: int) -> int:
-        """Serve ``/metrics`` over HTTP on 0.0.0.0:``port`` (0 picks one); returns the port."""
-        server, _ = start_http_server(port, addr="0.0.0.0", registry=self.registry)
+    def serve(self, port: int, host: str = DEFAULT_HOST) -> int:
+        """Serve ``/metrics`` over HTTP on ``host``:``port`` (0 picks one); returns the port.
+        Loopback by default: metrics name models, queues and load, for the operator only."""
+        server, _ = start_http_server(port, addr=host, registry=self.registry)
         self._server = server
         return server.server_port
 

@@ -1,11 +1,11 @@
 """``python -m kvstore_svc``: this node's host-memory KV block store, until SIGTERM or SIGINT.
 
 Logs go to stderr. Once the server is bound, one line goes to stdout: ``kvstore listening on
-HOST:PORT`` (with port 0, the port actually bound). With ``--metrics-port``, Prometheus
-metrics are served on 0.0.0.0:PORT/metrics and a stderr line ``metrics on :PORT`` is written
-before the ``kvstore listening`` line. On SIGTERM or SIGINT the health status turns
-NOT_SERVING, in-flight RPCs get 5 s to finish, the shared-memory segment is unlinked and the
-process exits 0.
+HOST:PORT`` (with port 0, the port actually bound). With ``--metrics-port``, Prometheus metrics
+are served on 127.0.0.1:PORT/metrics (``--metrics-host`` to change the address) and a stderr
+line ``metrics on :PORT`` is written before the ``kvstore listening`` line. On SIGTERM or SIGINT
+the health status turns NOT_SERVING, in-flight RPCs get 5 s to finish, the shared-memory segment
+is unlinked and the process exits 0.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import threading
 
 from grpc_health.v1 import health
 
+from fastserve.metrics_endpoint import DEFAULT_HOST, HOST_HELP
 from kvstore_svc.metrics import StoreMetrics
 from kvstore_svc.pool import BlockPool
 from kvstore_svc.server import create_server, reap_expired
@@ -65,6 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds a client's lease lives without a KeepAlive")
     p.add_argument("--metrics-port", type=int, default=-1,
                    help="serve Prometheus /metrics on this port (0 = any free port, -1 = off)")
+    p.add_argument("--metrics-host", default=DEFAULT_HOST, help=HOST_HELP)
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     if args.budget_bytes is None:
@@ -107,7 +109,8 @@ def _serve(args: argparse.Namespace, pool: BlockPool, stop: threading.Event) -> 
     if args.metrics_port >= 0:
         metrics = StoreMetrics(pool)
         try:
-            log.info("metrics on :%d", metrics.serve(args.metrics_port))
+            log.info("metrics on %s:%d", args.metrics_host,
+                     metrics.serve(args.metrics_port, args.metrics_host))
         except OSError as e:
             log.error("cannot serve metrics on port %d: %s", args.metrics_port, e)
             return 1

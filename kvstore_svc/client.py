@@ -264,7 +264,7 @@ class KVStoreClient:
             "capacity_blocks": s.capacity_blocks, "used_blocks": s.used_blocks,
             "free_blocks": s.free_blocks, "used_bytes": s.used_bytes, "free_bytes": s.free_bytes,
             "segment_name": s.segment_name,
-            "leases": [{"lease_id": x.lease_id, "client_id": x.client_id,
+            "leases": [{"client_id": x.client_id,
                         "used_blocks": x.used_blocks, "num_jobs": x.num_jobs,
                         "expires_in_s": x.expires_in_s} for x in s.leases],
         }
@@ -304,7 +304,7 @@ class KVStoreClient:
             try:
                 mm = shm.attach(r.segment_name, r.segment_bytes)
             except OSError as e:
-                log.info("cannot map the store's pool %r (%s); using gRPC streams",
+                log.warning("cannot map the store's pool %r (%s); using gRPC streams",
                          r.segment_name, e)
             else:
                 slots = np.frombuffer(mm, np.uint8).reshape(r.capacity_blocks, r.block_bytes)

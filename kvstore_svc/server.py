@@ -212,7 +212,7 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
             capacity_blocks=s.capacity_blocks, used_blocks=s.used_blocks,
             free_blocks=s.free_blocks, used_bytes=s.used_bytes, free_bytes=s.free_bytes,
             segment_name=s.segment_name,
-            leases=[pb.LeaseStats(lease_id=x.lease_id, client_id=x.client_id,
+            leases=[pb.LeaseStats(client_id=x.client_id,  # never the lease id
                                   used_blocks=x.used_blocks, num_jobs=x.num_jobs,
                                   expires_in_s=x.expires_in_s) for x in s.leases],
         )

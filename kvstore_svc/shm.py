@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import re
 import secrets
 from multiprocessing import shared_memory
 from pathlib import Path
@@ -51,6 +52,17 @@ class SharedSegment:
             self._shm.close()
 
 
+_SEGMENT_NAME = re.compile(r"/?[A-Za-z0-9_][A-Za-z0-9_.-]{0,250}")
+
+
+def check_segment_name(name: str) -> None:
+    """Refuse a segment name that is not one plain file name in /dev/shm: a store that
+    answered ``../../some/file`` made the worker map and overwrite that file."""
+    if not _SEGMENT_NAME.fullmatch(name):
+        raise OSError(f"segment name {name!r} is not a shared-memory name (letters, digits, "
+                      "'_', '.', '-'; no path)")
+
+
 def attach(name: str, size: int) -> mmap.mmap:
     """Map the store's segment ``name`` read-write; OSError when this node cannot open it.
 
@@ -58,7 +70,11 @@ def attach(name: str, size: int) -> mmap.mmap:
     register the segment with this process's resource_tracker, which unlinks it (and warns
     of a leak) when this client exits, taking the store's pool with it.
     """
-    fd = os.open(SHM_DIR / name.lstrip("/"), os.O_RDWR)
+    check_segment_name(name)
+    if size <= 0:
+        raise OSError(f"shared memory size must be > 0, got {size}")
+    # O_NOFOLLOW: a link planted in /dev/shm must not lead outside it either.
+    fd = os.open(SHM_DIR / name.lstrip("/"), os.O_RDWR | os.O_NOFOLLOW)
     try:
         actual = os.fstat(fd).st_size
         if actual < size:

@@ -8,6 +8,7 @@ import logging
 import signal
 import sys
 
+from fastserve.metrics_endpoint import DEFAULT_HOST, HOST_HELP
 from fastserve.models import DEFAULT_MODEL, resolve_model
 from scheduler_svc.config_args import add_config_args, config_from_args
 
@@ -21,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", required=True, help="worker addresses, comma-separated")
     p.add_argument("--listen", default="127.0.0.1:50051", help="HOST:PORT (port 0 = any)")
     p.add_argument("--metrics-port", type=int, default=9400, help="0 = any free port, -1 = off")
+    p.add_argument("--metrics-host", default=DEFAULT_HOST, help=HOST_HELP)
     p.add_argument("--connect-timeout", type=float, default=120.0,
                    help="seconds to wait for every worker at start")
     p.add_argument("--log-level", default="INFO")
@@ -39,7 +41,7 @@ async def serve(args: argparse.Namespace) -> int:
     workers = [w.strip() for w in args.workers.split(",") if w.strip()]
     model_path = str(await asyncio.to_thread(resolve_model, args.model))
     service = await create_service(config, model_path, args.model, workers, args.listen,
-                                   args.connect_timeout, args.metrics_port)
+                                   args.connect_timeout, args.metrics_port, args.metrics_host)
     host = args.listen.rsplit(":", 1)[0]
     metrics = f", metrics on :{service.metrics.port}" if service.metrics else ""
     log.info("policy %s, workers %s%s", config.policy, ", ".join(workers), metrics)

@@ -64,6 +64,10 @@ class IterationStats:
         return "prefill" if self.num_decodes == 0 else "mixed"
 
 
+class WrongModel(ValueError):
+    """The worker serves another model than the scheduler's."""
+
+
 def reason(e: BaseException) -> str:
     """A worker failure in words a client can read: a gRPC error's code and details, not
     the error's whole repr (it reached clients with the debug string of the channel)."""
@@ -79,8 +83,11 @@ class WorkerLoop:
 
     def __init__(self, address: str, config: SchedulerConfig, step_timeout_s: float = 120.0,
                  on_iteration: Callable[[IterationStats], None] | None = None,
-                 pipeline_depth: int = 1):
+                 pipeline_depth: int = 1, model: tuple[str, str] | None = None):
         self.address = address
+        # (name, local path) of the model this scheduler tokenizes for: a worker serving
+        # another is refused (its token ids would mean other words).
+        self.model = model
         self.pipeline_depth = pipeline_depth  # Steps outstanding at most (pipeline stages)
         self.config = config
         self.step_timeout_s = step_timeout_s
@@ -134,6 +141,10 @@ class WorkerLoop:
             await asyncio.sleep(0.2)
             self.describe = await stub.Describe(wpb.DescribeRequest(), timeout=timeout_s)
         d = self.describe
+        if self.model is not None and d.model not in self.model and d.model_path not in self.model:
+            raise WrongModel(f"worker {self.address} serves model {d.model!r} "
+                             f"({d.model_path}), but this scheduler serves {self.model[0]!r} "
+                             f"({self.model[1]}): start both with the same --model")
         if self.config.policy == "predictive" and not d.predictor:
             log.warning("policy predictive, but worker %s has no output-length predictor: its "
                         "jobs rank by the tokens they have made (train one with `fastserve "

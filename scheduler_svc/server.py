@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from fastserve.metrics_endpoint import DEFAULT_HOST
 from fastserve.proto import scheduler_pb2 as spb
 from fastserve.proto import scheduler_pb2_grpc
 from scheduler_svc.api.decode_guard import DecodeGuard
@@ -45,11 +46,13 @@ class SchedulerService:
 
 async def create_service(config: SchedulerConfig, model_path: str, model_name: str,
                          workers: list[str], listen: str, connect_timeout_s: float = 120.0,
-                         metrics_port: int = -1) -> SchedulerService:
+                         metrics_port: int = -1,
+                         metrics_host: str = DEFAULT_HOST) -> SchedulerService:
     """Connect to every worker, then serve; raises if a worker is not reachable in time."""
     text = await asyncio.to_thread(TextModel.load, model_path)
     metrics = SchedulerMetrics(config.policy, model_name) if metrics_port >= 0 else None
-    loops = [WorkerLoop(addr, config, on_iteration=metrics.observe_iteration if metrics else None)
+    loops = [WorkerLoop(addr, config, on_iteration=metrics.observe_iteration if metrics else None,
+                        model=(model_name, model_path))
              for addr in workers]
     await asyncio.gather(*(lp.connect(connect_timeout_s) for lp in loops))
     for lp in loops:
@@ -67,7 +70,7 @@ async def create_service(config: SchedulerConfig, model_path: str, model_name: s
     watch = asyncio.create_task(_watch_health(health_servicer, loops), name="health")
     if metrics is not None:
         metrics.bind(loops)
-        metrics.port = metrics.serve(metrics_port)
+        metrics.port = metrics.serve(metrics_port, metrics_host)
     return SchedulerService(server, port, servicer, loops, health_servicer, metrics, watch)
 
 

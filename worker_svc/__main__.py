@@ -1,13 +1,14 @@
 """``python -m worker_svc``: load a model and serve it over gRPC until SIGTERM or SIGINT.
 
-Logs go to stderr. Once the model is loaded (and profiled, with ``--profile-at-start``) and
-the server is bound, one line goes to stdout: ``worker listening on HOST:PORT`` (with port 0,
-the port actually bound). With ``--metrics-port``, Prometheus metrics are served on
-0.0.0.0:PORT/metrics and a stderr log line ``metrics on :PORT`` (the port actually bound) is
-written before the ``worker listening`` line. With ``--kvstore HOST:PORT`` the worker offloads
-KV blocks to that store (connecting in the background: a store that is not up yet fails swaps
-UNAVAILABLE until it is). On SIGTERM or SIGINT the health status turns NOT_SERVING, in-flight
-RPCs get 5 s to finish, the store lease is released, and the process exits 0.
+Logs go to stderr. Once the model is loaded (and profiled, with ``--profile-at-start``) and the
+server is bound, one line goes to stdout: ``worker listening on HOST:PORT`` (with port 0, the
+port actually bound). With ``--metrics-port``, Prometheus metrics are served on
+127.0.0.1:PORT/metrics (``--metrics-host`` to change the address) and a stderr log line
+``metrics on :PORT`` (the port actually bound) is written before the ``worker listening`` line.
+With ``--kvstore HOST:PORT`` the worker offloads KV blocks to that store (connecting in the
+background: a store that is not up yet fails swaps UNAVAILABLE until it is). On SIGTERM or
+SIGINT the health status turns NOT_SERVING, in-flight RPCs get 5 s to finish, the store lease is
+released, and the process exits 0.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import socket
 import sys
 import threading
 
+from fastserve.metrics_endpoint import DEFAULT_HOST, HOST_HELP
 from fastserve.models import DEFAULT_MODEL
 
 SHUTDOWN_GRACE_S = 5.0
@@ -76,6 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=-1,
         help="serve Prometheus /metrics on this port (0 = any free port, -1 = off)",
     )
+    p.add_argument("--metrics-host", default=DEFAULT_HOST, help=HOST_HELP)
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -130,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.metrics_port >= 0:
         metrics = WorkerMetrics(loaded.engine)
         try:
-            metrics_port = metrics.serve(args.metrics_port)
+            metrics_port = metrics.serve(args.metrics_port, args.metrics_host)
         except OSError as e:
             log.error("cannot serve metrics on port %d: %s", args.metrics_port, e)
             return 1

@@ -200,5 +200,5 @@ def test_concurrent_copies_and_frees_from_several_threads(store, connect):
     for t in threads:
         t.join(60)
     assert not errors, errors
-    mine = [x for x in client.stats()["leases"] if x["lease_id"] == client.lease_id]
+    mine = [x for x in client.stats()["leases"] if x["client_id"] == client.client_id]
     assert mine[0]["used_blocks"] == 0

@@ -248,3 +248,16 @@ def test_a_worker_lost_while_idle_is_noticed_and_its_restart_is_re_described(
         assert "error" not in box, box.get("error")
         ids, final = box["value"]
         assert len(ids) == 120 and final.finish_reason == spb.FINISH_REASON_LENGTH
+
+
+def test_a_worker_serving_another_model_is_refused(tiny_tok_model, default_model_dir, tmp_path):
+    from procs import start_scheduler, start_worker
+
+    worker = start_worker(str(tiny_tok_model), tmp_path, 64)
+    try:
+        with pytest.raises(RuntimeError, match="did not become ready") as err:
+            start_scheduler(str(default_model_dir), [worker.address], tmp_path,
+                            "--connect-timeout", "30")
+        assert "start both with the same --model" in str(err.value)
+    finally:
+        worker.stop()
