@@ -83,6 +83,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="scheduler Prometheus port; the worker uses the next one "
                         "(0 = pick any, -1 = off)")
     p.add_argument("--metrics-host", default=DEFAULT_HOST, help=HOST_HELP)
+    p.add_argument("--api-keys", default=None, metavar="FILE",
+                   help="API keys clients must send (one per line; default: none, local use)")
     p.add_argument("--kvstore-budget", default=None, metavar="BYTES",
                    help="host memory of the node's KV store, e.g. 4GiB (default: a quarter "
                    "of RAM)")
@@ -137,6 +139,7 @@ def scheduler_command(args: argparse.Namespace, workers: str) -> list[str]:
         sys.executable, "-m", "scheduler_svc", "--model", args.model, "--workers", workers,
         "--listen", f"{args.host}:{args.port}", "--metrics-port", str(args.metrics_port),
         "--metrics-host", getattr(args, "metrics_host", DEFAULT_HOST),
+        *(["--api-keys", args.api_keys] if getattr(args, "api_keys", None) else []),
         *config_argv(args),
     ]
 

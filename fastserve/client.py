@@ -14,6 +14,7 @@ message in ``Completion.error``, so the text produced until then is not lost.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 import uuid
@@ -47,6 +48,9 @@ _CHANNEL_OPTIONS = [("grpc.max_reconnect_backoff_ms", 2000)]
 # FINISH_REASON_STOP -> "stop", ...; UNSPECIFIED (a server bug) reads as "error".
 _FINISH_REASONS = {v: k.removeprefix("FINISH_REASON_").lower() for k, v in pb.FinishReason.items()}
 _FINISH_REASONS[pb.FINISH_REASON_UNSPECIFIED] = "error"
+
+
+API_KEY_ENV = "FASTSERVE_API_KEY"
 
 
 def default_address() -> str:
@@ -236,9 +240,13 @@ class GenerationStream:
 class _ClientBase:
     _channel_factory: Any
 
-    def __init__(self, address: str | None = None, timeout: float | None = None) -> None:
+    def __init__(self, address: str | None = None, timeout: float | None = None,
+                 api_key: str | None = None) -> None:
         self.address = address or default_address()
         self.timeout = timeout
+        key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+        # Sent with every call as a bearer token (a scheduler started with --api-keys).
+        self._metadata = (("authorization", f"Bearer {key}"),) if key else None
         self._channel: Any = None
 
     def _rpc(self, name: str) -> Any:
@@ -248,7 +256,8 @@ class _ClientBase:
             self._channel = self._channel_factory(self.address, options=_CHANNEL_OPTIONS)
             self._stubs = (scheduler_pb2_grpc.SchedulerStub(self._channel),
                            health_pb2_grpc.HealthStub(self._channel))
-        return getattr(self._stubs[name == "Check"], name)
+        method = getattr(self._stubs[name == "Check"], name)
+        return functools.partial(method, metadata=self._metadata) if self._metadata else method
 
     def _deadline(self, timeout: float | None) -> float | None:
         return self.timeout if timeout is None else timeout

@@ -56,10 +56,16 @@ class Cancelled(FastServeError):
     default_code = grpc.StatusCode.CANCELLED
 
 
+class Unauthenticated(FastServeError):
+    """The scheduler wants an API key this client did not send (or sent a wrong one)."""
+
+    default_code = grpc.StatusCode.UNAUTHENTICATED
+
+
 _BY_CODE: dict[grpc.StatusCode, type[FastServeError]] = {
     cls.default_code: cls
     for cls in (InvalidArgument, ResourceExhausted, Unavailable, NotFound, DeadlineExceeded,
-                Cancelled)
+                Cancelled, Unauthenticated)
 }
 
 

@@ -10,6 +10,7 @@ import sys
 
 from fastserve.metrics_endpoint import DEFAULT_HOST, HOST_HELP
 from fastserve.models import DEFAULT_MODEL, resolve_model
+from scheduler_svc.api.auth import ApiKeys
 from scheduler_svc.config_args import add_config_args, config_from_args
 
 log = logging.getLogger("scheduler_svc")
@@ -23,6 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", default="127.0.0.1:50051", help="HOST:PORT (port 0 = any)")
     p.add_argument("--metrics-port", type=int, default=9400, help="0 = any free port, -1 = off")
     p.add_argument("--metrics-host", default=DEFAULT_HOST, help=HOST_HELP)
+    p.add_argument("--api-keys", default=None, metavar="FILE",
+                   help="API keys clients must send as 'authorization: Bearer <key>', one per "
+                        "line (default: none, every client that reaches --listen is served)")
     p.add_argument("--connect-timeout", type=float, default=120.0,
                    help="seconds to wait for every worker at start")
     p.add_argument("--log-level", default="INFO")
@@ -40,8 +44,19 @@ async def serve(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     workers = [w.strip() for w in args.workers.split(",") if w.strip()]
     model_path = str(await asyncio.to_thread(resolve_model, args.model))
+    try:
+        api_keys = ApiKeys.load(args.api_keys) if args.api_keys else None
+    except (OSError, ValueError) as e:
+        log.error("--api-keys %s: %s", args.api_keys, e)
+        return 2
+    if api_keys is None:
+        log.warning("no --api-keys: every client that reaches %s is served (local use only)",
+                    args.listen)
+    else:
+        log.info("%d API keys: clients without one are refused", len(api_keys))
     service = await create_service(config, model_path, args.model, workers, args.listen,
-                                   args.connect_timeout, args.metrics_port, args.metrics_host)
+                                   args.connect_timeout, args.metrics_port, args.metrics_host,
+                                   api_keys=api_keys)
     host = args.listen.rsplit(":", 1)[0]
     metrics = f", metrics on :{service.metrics.port}" if service.metrics else ""
     log.info("policy %s, workers %s%s", config.policy, ", ".join(workers), metrics)

@@ -12,6 +12,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from fastserve.metrics_endpoint import DEFAULT_HOST
 from fastserve.proto import scheduler_pb2 as spb
 from fastserve.proto import scheduler_pb2_grpc
+from scheduler_svc.api.auth import ApiKeys
 from scheduler_svc.api.decode_guard import DecodeGuard
 from scheduler_svc.api.servicer import SchedulerServicer
 from scheduler_svc.api.text import TextModel
@@ -47,7 +48,8 @@ class SchedulerService:
 async def create_service(config: SchedulerConfig, model_path: str, model_name: str,
                          workers: list[str], listen: str, connect_timeout_s: float = 120.0,
                          metrics_port: int = -1,
-                         metrics_host: str = DEFAULT_HOST) -> SchedulerService:
+                         metrics_host: str = DEFAULT_HOST,
+                         api_keys: ApiKeys | None = None) -> SchedulerService:
     """Connect to every worker, then serve; raises if a worker is not reachable in time."""
     text = await asyncio.to_thread(TextModel.load, model_path)
     metrics = SchedulerMetrics(config.policy, model_name) if metrics_port >= 0 else None
@@ -58,7 +60,8 @@ async def create_service(config: SchedulerConfig, model_path: str, model_name: s
     for lp in loops:
         lp.start()
     servicer = SchedulerServicer(config, text, Cluster(loops), model_name,
-                                 on_finish=metrics.observe_finished if metrics else None)
+                                 on_finish=metrics.observe_finished if metrics else None,
+                                 api_keys=api_keys)
     server = grpc.aio.server(interceptors=[DecodeGuard(("fastserve.",))])
     scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()

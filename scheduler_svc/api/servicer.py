@@ -15,6 +15,7 @@ import grpc
 
 from fastserve.proto import scheduler_pb2 as spb
 from fastserve.proto import scheduler_pb2_grpc
+from scheduler_svc.api.auth import ApiKeys
 from scheduler_svc.api.requests import build_job, validate_request_id
 from scheduler_svc.api.text import IncrementalDetokenizer, InvalidRequest, TextModel
 from scheduler_svc.cluster import Cluster
@@ -42,18 +43,33 @@ _WORKER_STATS = (
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def __init__(self, config: SchedulerConfig, text: TextModel, cluster: Cluster,
-                 model_name: str, on_finish=None):
+                 model_name: str, on_finish=None, api_keys: ApiKeys | None = None):
         self.config = config
         self.text = text
         self.cluster = cluster
         self.model_name = model_name
         self.on_finish = on_finish  # called with each finished Job (metrics)
         self._ids = itertools.count(1)
+        self.api_keys = api_keys
+        self._owners: dict[str, str] = {}  # live request id -> the key (id) that made it
         # One thread: a fast tokenizer must not be entered by two threads at once.
         self._text_thread = ThreadPoolExecutor(1, thread_name_prefix="fastserve-text")
 
+    async def _owner(self, context: grpc.aio.ServicerContext) -> str:
+        """The caller's key id ("" without keys); UNAUTHENTICATED without a known key."""
+        if self.api_keys is None:
+            return ""
+        owner = self.api_keys.owner(context.invocation_metadata())
+        if owner is None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                "missing or unknown API key: send the metadata "
+                                "'authorization: Bearer <key>'")
+        assert owner is not None
+        return owner
+
     async def Generate(self, request: spb.GenerateRequest,
                        context: grpc.aio.ServicerContext) -> AsyncIterator[spb.GenerateResponse]:
+        owner = await self._owner(context)
         now = time.monotonic()
         cluster = self.cluster
         group = cluster.pick()
@@ -90,6 +106,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         detok = IncrementalDetokenizer(self.text, job.prompt, stop)
         updates: asyncio.Queue[JobUpdate] = asyncio.Queue()
         cluster.submit(job, group, updates.put_nowait)
+        self._owners[request_id] = owner
         stop_string = ""
         try:
             finished = False
@@ -125,6 +142,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             if not job.status.finished:  # the client went away or its deadline passed
                 cluster.end(request_id, JobStatus.CANCELLED)
             cluster.forget(request_id)
+            self._owners.pop(request_id, None)
             if self.on_finish is not None:
                 self.on_finish(job)
 
@@ -146,11 +164,15 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     async def Cancel(self, request: spb.CancelRequest,
                      context: grpc.aio.ServicerContext) -> spb.CancelResponse:
+        owner = await self._owner(context)
+        if self._owners.get(request.request_id) != owner:
+            return spb.CancelResponse(found=False)  # not this key's: as if unknown
         found = self.cluster.end(request.request_id, JobStatus.CANCELLED)
         return spb.CancelResponse(found=found)
 
     async def Status(self, request: spb.StatusRequest,
                      context: grpc.aio.ServicerContext) -> spb.StatusResponse:
+        await self._owner(context)
         resp = spb.StatusResponse(policy=self.config.policy, max_waiting=self.config.max_waiting,
                                   model=self.model_name, kv_policy=self.config.kv_policy)
         queues: dict[str, int] = {}

@@ -261,3 +261,41 @@ def test_a_worker_serving_another_model_is_refused(tiny_tok_model, default_model
         assert "start both with the same --model" in str(err.value)
     finally:
         worker.stop()
+
+
+def test_api_keys_authenticate_clients_and_own_their_requests(tiny_tok_model, tmp_path):
+    from conftest import start_cluster
+
+    from fastserve.client import Client
+    from fastserve.errors import Unauthenticated
+
+    alice, bob = "alice-key-0123456789abcdef", "bob-key-0123456789abcdef"
+    keys = tmp_path / "keys"
+    keys.write_text(f"# clients\n{alice}\n\n{bob}\n")
+    cluster = start_cluster(tiny_tok_model, tmp_path, 256, "--api-keys", str(keys))
+    try:
+        stub = cluster.stub
+        for metadata in (None, (("authorization", "Bearer wrong-key-0123456789abc"),),
+                         (("authorization", alice),)):  # no "Bearer"
+            with pytest.raises(grpc.RpcError) as err:
+                list(stub.Generate(long_request(max_tokens=3), metadata=metadata))
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert "authorization: Bearer <key>" in err.value.details()
+            with pytest.raises(grpc.RpcError) as err:
+                stub.Status(spb.StatusRequest(), metadata=metadata)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with Client(cluster.scheduler.address) as anonymous, pytest.raises(Unauthenticated):
+            anonymous.generate("hi", max_tokens=2)
+        with Client(cluster.scheduler.address, api_key=alice) as a, \
+                Client(cluster.scheduler.address, api_key=bob) as b:
+            stream = a.stream("count with me", max_tokens=300, temperature=0.0,
+                              ignore_eos=True, request_id="alices")
+            next(iter(stream))
+            assert not b.cancel("alices")  # not bob's: as if unknown
+            assert b.status()["num_running"] == 1
+            assert a.cancel("alices")
+            assert wait_until(lambda: b.status()["num_running"] == 0)
+            stream.close()
+            assert len(b.generate("hi", max_tokens=4, ignore_eos=True).token_ids) == 4
+    finally:
+        cluster.close()
