@@ -28,6 +28,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     conn.add_argument("--api-key", default=None,
                       help="API key for a scheduler started with --api-keys "
                            "(default $FASTSERVE_API_KEY)")
+    conn.add_argument("--tls-ca", default=None, metavar="PEM",
+                      help="CA that signed the scheduler's certificate, for TLS "
+                           "(default $FASTSERVE_TLS_CA; none: plaintext)")
     sampling = argparse.ArgumentParser(add_help=False)
     sampling.add_argument("--max-tokens", type=int, default=None)
     sampling.add_argument("--temperature", type=float, default=None, help="0 = greedy")
@@ -66,7 +69,8 @@ def run_generate(args: argparse.Namespace) -> int:
 
     chat: dict[str, Any] = {"messages": [{"role": "user", "content": args.prompt}]}
     raw: dict[str, Any] = {"prompt": args.prompt}
-    with Client(args.address, timeout=args.timeout, api_key=args.api_key) as client:
+    with Client(args.address, timeout=args.timeout, api_key=args.api_key,
+                tls_ca=args.tls_ca) as client:
         try:
             try:
                 completion = _answer(client, sys.stdout, **(raw if args.raw else chat),
@@ -92,7 +96,8 @@ def run_chat(args: argparse.Namespace) -> int:
     messages = list(system)
     interactive = sys.stdin.isatty()
     exit_code = 0
-    with Client(args.address, timeout=args.timeout, api_key=args.api_key) as client:
+    with Client(args.address, timeout=args.timeout, api_key=args.api_key,
+                tls_ca=args.tls_ca) as client:
         while True:
             if interactive:
                 print("> ", end="", file=sys.stderr, flush=True)
@@ -136,7 +141,7 @@ def run_status(args: argparse.Namespace) -> int:
     from fastserve.errors import FastServeError
 
     with Client(args.address, timeout=args.timeout or STATUS_TIMEOUT_S,
-                api_key=args.api_key) as client:
+                api_key=args.api_key, tls_ca=args.tls_ca) as client:
         try:
             status = client.status()
         except FastServeError as e:

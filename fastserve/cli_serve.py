@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import pathlib
 import queue
 import signal
 import subprocess
@@ -25,6 +26,7 @@ import time
 from collections.abc import Callable
 
 from fastserve.metrics_endpoint import DEFAULT_HOST, HOST_HELP
+from fastserve.tls import CA_FILE, CERT_FILE, KEY_FILE, make_local_ca
 from scheduler_svc.config_args import add_config_args, config_argv, config_from_args
 
 KVSTORE_READY = "kvstore listening on "
@@ -83,6 +85,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="scheduler Prometheus port; the worker uses the next one "
                         "(0 = pick any, -1 = off)")
     p.add_argument("--metrics-host", default=DEFAULT_HOST, help=HOST_HELP)
+    p.add_argument("--tls-dir", default=None, metavar="DIR",
+                   help="TLS everywhere with a CA and certificate for this machine kept in DIR "
+                        "(made on first use); clients then pass --tls-ca DIR/ca.pem")
+    p.add_argument("--insecure", action="store_true",
+                   help="allow plaintext on a --host other than loopback")
     p.add_argument("--api-keys", default=None, metavar="FILE",
                    help="API keys clients must send (one per line; default: none, local use)")
     p.add_argument("--kvstore-budget", default=None, metavar="BYTES",
@@ -108,7 +115,18 @@ def kvstore_command(args: argparse.Namespace) -> list[str]:
            "--log-level", getattr(args, "log_level", "INFO")]
     if args.kvstore_budget:
         cmd += ["--budget-bytes", str(args.kvstore_budget)]
-    return cmd
+    return cmd + tls_flags(args)
+
+
+def tls_flags(args: argparse.Namespace) -> list[str]:
+    """Every child's TLS flags: the machine's certificate and CA from ``--tls-dir``."""
+    out = ["--insecure"] if getattr(args, "insecure", False) else []
+    d = getattr(args, "tls_dir", None)
+    if d:
+        out += ["--tls-cert", str(pathlib.Path(d) / CERT_FILE),
+                "--tls-key", str(pathlib.Path(d) / KEY_FILE),
+                "--tls-ca", str(pathlib.Path(d) / CA_FILE)]
+    return out
 
 
 def worker_command(args: argparse.Namespace, kvstore: str | None = None) -> list[str]:
@@ -124,7 +142,7 @@ def worker_command(args: argparse.Namespace, kvstore: str | None = None) -> list
     ]
     if kvstore:
         cmd += ["--kvstore", kvstore]
-    return cmd
+    return cmd + tls_flags(args)
 
 
 def worker_metrics_port(scheduler_port: int, offset: int = 1) -> int:
@@ -140,7 +158,7 @@ def scheduler_command(args: argparse.Namespace, workers: str) -> list[str]:
         "--listen", f"{args.host}:{args.port}", "--metrics-port", str(args.metrics_port),
         "--metrics-host", getattr(args, "metrics_host", DEFAULT_HOST),
         *(["--api-keys", args.api_keys] if getattr(args, "api_keys", None) else []),
-        *config_argv(args),
+        *config_argv(args), *tls_flags(args),
     ]
 
 
@@ -199,6 +217,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         config_from_args(args)  # a refused setting fails here, before anything starts
         resolve_model(args.model, progress=True)
+        if getattr(args, "tls_dir", None):
+            make_local_ca(args.tls_dir)
+            print(f"TLS: clients pass --tls-ca {pathlib.Path(args.tls_dir) / CA_FILE}",
+                  file=sys.stderr)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

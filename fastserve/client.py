@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import pathlib
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -51,6 +52,7 @@ _FINISH_REASONS[pb.FINISH_REASON_UNSPECIFIED] = "error"
 
 
 API_KEY_ENV = "FASTSERVE_API_KEY"
+TLS_CA_ENV = "FASTSERVE_TLS_CA"
 
 
 def default_address() -> str:
@@ -239,21 +241,30 @@ class GenerationStream:
 
 class _ClientBase:
     _channel_factory: Any
+    _secure_factory: Any
 
     def __init__(self, address: str | None = None, timeout: float | None = None,
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, tls_ca: str | None = None) -> None:
         self.address = address or default_address()
         self.timeout = timeout
         key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
         # Sent with every call as a bearer token (a scheduler started with --api-keys).
         self._metadata = (("authorization", f"Bearer {key}"),) if key else None
+        ca = tls_ca if tls_ca is not None else os.environ.get(TLS_CA_ENV)
+        # TLS to a scheduler started with --tls-cert: trust this CA file's certificates.
+        self._credentials = (grpc.ssl_channel_credentials(pathlib.Path(ca).read_bytes())
+                             if ca else None)
         self._channel: Any = None
 
     def _rpc(self, name: str) -> Any:
         """The stub method ``name`` ("Generate", "Cancel", "Status" or the health "Check")."""
         # Opened on first use because grpc.aio channels must be made in the running loop.
         if self._channel is None:
-            self._channel = self._channel_factory(self.address, options=_CHANNEL_OPTIONS)
+            if self._credentials is not None:
+                self._channel = self._secure_factory(self.address, self._credentials,
+                                                     options=_CHANNEL_OPTIONS)
+            else:
+                self._channel = self._channel_factory(self.address, options=_CHANNEL_OPTIONS)
             self._stubs = (scheduler_pb2_grpc.SchedulerStub(self._channel),
                            health_pb2_grpc.HealthStub(self._channel))
         method = getattr(self._stubs[name == "Check"], name)
@@ -275,6 +286,7 @@ class Client(_ClientBase):
     """
 
     _channel_factory = staticmethod(grpc.insecure_channel)
+    _secure_factory = staticmethod(grpc.secure_channel)
 
     def stream(self, prompt: str | Iterable[int] | None = None, *, timeout: float | None = None,
                **options: Unpack[GenerateOptions]) -> GenerationStream:
@@ -340,6 +352,7 @@ class AsyncClient(_ClientBase):
     """
 
     _channel_factory = staticmethod(grpc.aio.insecure_channel)
+    _secure_factory = staticmethod(grpc.aio.secure_channel)
 
     def stream(self, prompt: str | Iterable[int] | None = None, *, timeout: float | None = None,
                **options: Unpack[GenerateOptions]) -> GenerationStream:

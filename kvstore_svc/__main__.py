@@ -21,6 +21,7 @@ import threading
 from grpc_health.v1 import health
 
 from fastserve.metrics_endpoint import DEFAULT_HOST, HOST_HELP
+from fastserve.tls import add_tls_args, check_plaintext, tls_from_args
 from kvstore_svc.metrics import StoreMetrics
 from kvstore_svc.pool import BlockPool
 from kvstore_svc.server import create_server, reap_expired
@@ -67,6 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--metrics-port", type=int, default=-1,
                    help="serve Prometheus /metrics on this port (0 = any free port, -1 = off)")
     p.add_argument("--metrics-host", default=DEFAULT_HOST, help=HOST_HELP)
+    add_tls_args(p)
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     if args.budget_bytes is None:
@@ -116,8 +118,14 @@ def _serve(args: argparse.Namespace, pool: BlockPool, stop: threading.Event) -> 
             return 1
     health_servicer = health.HealthServicer()
     try:
+        tls = tls_from_args(args)
+        check_plaintext(args.listen, tls, args.insecure)
+    except (OSError, ValueError) as e:
+        log.error("%s", e)
+        return 2
+    try:
         server, port = create_server(pool, args.listen, health_servicer=health_servicer,
-                                     metrics=metrics)
+                                     metrics=metrics, tls=tls)
     except RuntimeError as e:
         log.error("cannot listen on %s: %s", args.listen, e)
         return 1

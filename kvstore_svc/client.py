@@ -33,6 +33,7 @@ import xxhash
 
 from fastserve.proto import kvstore_pb2 as pb
 from fastserve.proto import kvstore_pb2_grpc
+from fastserve.tls import Tls, channel
 from kvstore_svc import shm, transfer
 from kvstore_svc.errors import ChecksumMismatch, KVStoreError, StoreFull, StoreUnavailable
 from kvstore_svc.protocol import CHANNEL_OPTIONS, ERROR_KEY, LEASE_UNKNOWN
@@ -86,7 +87,8 @@ class KVStoreClient:
     """
 
     def __init__(self, address: str, *, client_id: str, block_bytes: int,
-                 prefer_shm: bool = True, timeout_s: float = 10.0, copy_threads: int = 2):
+                 prefer_shm: bool = True, timeout_s: float = 10.0, copy_threads: int = 2,
+                 tls: Tls | None = None):
         if block_bytes < 1:
             raise ValueError(f"block_bytes must be at least 1, got {block_bytes}")
         if copy_threads < 1:
@@ -96,8 +98,7 @@ class KVStoreClient:
         self.prefer_shm = prefer_shm
         self.timeout_s = timeout_s
         self._requested_block_bytes = block_bytes
-        self._channel = grpc.insecure_channel(address,
-                                              options=CHANNEL_OPTIONS + _RECONNECT_OPTIONS)
+        self._channel = channel(address, tls, CHANNEL_OPTIONS + _RECONNECT_OPTIONS)
         self._stub = kvstore_pb2_grpc.KVStoreStub(self._channel)
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # notified when copies of handles end

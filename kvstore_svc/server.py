@@ -21,6 +21,7 @@ from grpc_health.v1 import health
 from fastserve.proto import kvstore_pb2 as pb
 from fastserve.proto import kvstore_pb2_grpc
 from fastserve.serving import start_with_health
+from fastserve.tls import Tls
 from kvstore_svc.metrics import StoreMetrics
 from kvstore_svc.pool import BlockPool, ErrorCode, PoolError
 from kvstore_svc.protocol import CHANNEL_OPTIONS, CHUNK_BYTES, ERROR_KEY, LEASE_UNKNOWN
@@ -234,6 +235,7 @@ def create_server(
     health_servicer: health.HealthServicer | None = None,
     metrics: StoreMetrics | None = None,
     max_workers: int = 32,
+    tls: Tls | None = None,
 ) -> tuple[grpc.Server, int]:
     """A started gRPC server for ``pool`` on ``address`` (port 0 picks a free port).
 
@@ -247,4 +249,4 @@ def create_server(
         options=CHANNEL_OPTIONS,
     )
     kvstore_pb2_grpc.add_KVStoreServicer_to_server(KVStoreServicer(pool, metrics), server)
-    return server, start_with_health(server, address, SERVICE_NAME, health_servicer)
+    return server, start_with_health(server, address, SERVICE_NAME, health_servicer, tls)

@@ -10,6 +10,7 @@ import sys
 
 from fastserve.metrics_endpoint import DEFAULT_HOST, HOST_HELP
 from fastserve.models import DEFAULT_MODEL, resolve_model
+from fastserve.tls import add_tls_args, check_plaintext, tls_from_args
 from scheduler_svc.api.auth import ApiKeys
 from scheduler_svc.config_args import add_config_args, config_from_args
 
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--connect-timeout", type=float, default=120.0,
                    help="seconds to wait for every worker at start")
     p.add_argument("--log-level", default="INFO")
+    add_tls_args(p)
     add_config_args(p)
     return p
 
@@ -49,6 +51,12 @@ async def serve(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         log.error("--api-keys %s: %s", args.api_keys, e)
         return 2
+    try:
+        tls = tls_from_args(args)
+        check_plaintext(args.listen, tls, args.insecure)
+    except (OSError, ValueError) as e:
+        log.error("%s", e)
+        return 2
     if api_keys is None:
         log.warning("no --api-keys: every client that reaches %s is served (local use only)",
                     args.listen)
@@ -56,7 +64,7 @@ async def serve(args: argparse.Namespace) -> int:
         log.info("%d API keys: clients without one are refused", len(api_keys))
     service = await create_service(config, model_path, args.model, workers, args.listen,
                                    args.connect_timeout, args.metrics_port, args.metrics_host,
-                                   api_keys=api_keys)
+                                   api_keys=api_keys, tls=tls)
     host = args.listen.rsplit(":", 1)[0]
     metrics = f", metrics on :{service.metrics.port}" if service.metrics else ""
     log.info("policy %s, workers %s%s", config.policy, ", ".join(workers), metrics)

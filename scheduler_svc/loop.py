@@ -18,6 +18,7 @@ import grpc
 
 from fastserve.proto import worker_pb2 as wpb
 from fastserve.proto import worker_pb2_grpc
+from fastserve.tls import Tls, channel
 from scheduler_svc import wire
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.contract import JobUpdate, Stats, StepPlan
@@ -83,11 +84,13 @@ class WorkerLoop:
 
     def __init__(self, address: str, config: SchedulerConfig, step_timeout_s: float = 120.0,
                  on_iteration: Callable[[IterationStats], None] | None = None,
-                 pipeline_depth: int = 1, model: tuple[str, str] | None = None):
+                 pipeline_depth: int = 1, model: tuple[str, str] | None = None,
+                 tls: Tls | None = None):
         self.address = address
         # (name, local path) of the model this scheduler tokenizes for: a worker serving
         # another is refused (its token ids would mean other words).
         self.model = model
+        self.tls = tls  # the scheduler's certificate and the cluster CA, for the worker
         self.pipeline_depth = pipeline_depth  # Steps outstanding at most (pipeline stages)
         self.config = config
         self.step_timeout_s = step_timeout_s
@@ -129,7 +132,7 @@ class WorkerLoop:
 
     async def connect(self, timeout_s: float = 60.0) -> None:
         """Describe the worker and build the core; raises if it cannot be reached in time."""
-        self._channel = grpc.aio.insecure_channel(self.address)
+        self._channel = channel(self.address, self.tls, aio=True)
         stub = worker_pb2_grpc.WorkerStub(self._channel)
         self.describe = await stub.Describe(wpb.DescribeRequest(), timeout=timeout_s,
                                             wait_for_ready=True)

@@ -12,6 +12,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from fastserve.metrics_endpoint import DEFAULT_HOST
 from fastserve.proto import scheduler_pb2 as spb
 from fastserve.proto import scheduler_pb2_grpc
+from fastserve.tls import Tls, bind
 from scheduler_svc.api.auth import ApiKeys
 from scheduler_svc.api.decode_guard import DecodeGuard
 from scheduler_svc.api.servicer import SchedulerServicer
@@ -49,12 +50,13 @@ async def create_service(config: SchedulerConfig, model_path: str, model_name: s
                          workers: list[str], listen: str, connect_timeout_s: float = 120.0,
                          metrics_port: int = -1,
                          metrics_host: str = DEFAULT_HOST,
-                         api_keys: ApiKeys | None = None) -> SchedulerService:
+                         api_keys: ApiKeys | None = None,
+                         tls: Tls | None = None) -> SchedulerService:
     """Connect to every worker, then serve; raises if a worker is not reachable in time."""
     text = await asyncio.to_thread(TextModel.load, model_path)
     metrics = SchedulerMetrics(config.policy, model_name) if metrics_port >= 0 else None
     loops = [WorkerLoop(addr, config, on_iteration=metrics.observe_iteration if metrics else None,
-                        model=(model_name, model_path))
+                        model=(model_name, model_path), tls=tls)
              for addr in workers]
     await asyncio.gather(*(lp.connect(connect_timeout_s) for lp in loops))
     for lp in loops:
@@ -66,7 +68,7 @@ async def create_service(config: SchedulerConfig, model_path: str, model_name: s
     scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = server.add_insecure_port(listen)
+    port = bind(server, listen, tls, require_client=False)  # clients prove themselves by key
     if port == 0:
         raise RuntimeError(f"could not bind {listen}")
     await server.start()

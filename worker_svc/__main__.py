@@ -23,6 +23,7 @@ import threading
 
 from fastserve.metrics_endpoint import DEFAULT_HOST, HOST_HELP
 from fastserve.models import DEFAULT_MODEL
+from fastserve.tls import add_tls_args, check_plaintext, tls_from_args
 
 SHUTDOWN_GRACE_S = 5.0
 
@@ -79,6 +80,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="serve Prometheus /metrics on this port (0 = any free port, -1 = off)",
     )
     p.add_argument("--metrics-host", default=DEFAULT_HOST, help=HOST_HELP)
+    add_tls_args(p)
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -106,6 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     from worker_svc.server import create_server
 
     try:
+        tls = tls_from_args(args)
+        check_plaintext(args.listen, tls, args.insecure)
+    except (OSError, ValueError) as e:
+        log.error("%s", e)
+        return 2
+    try:
         cfg = EngineConfig(
             model=args.model,
             device=args.device,
@@ -117,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             kvstore=args.kvstore,
             kvstore_client_id=args.kvstore_client_id or f"{socket.gethostname()}:{os.getpid()}",
             predictor=args.predictor,
+            kvstore_tls=tls,
         )
         # Loaded on the thread that will run every Step (see compute_thread.py).
         compute = ComputeThread()
@@ -147,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             health_servicer=health_servicer,
             on_step=metrics.observe_step if metrics is not None else None,
             compute=compute,
+            tls=tls,
         )
     except RuntimeError as e:
         log.error("cannot listen on %s: %s", args.listen, e)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fastserve.tls import Tls
 from worker_svc.engine import Engine
 from worker_svc.kv_pool import KVPool, KVPoolConfig
 from worker_svc.model.config import ModelSpec, rope_tables
@@ -33,6 +34,7 @@ class EngineConfig:
     kvstore: str | None = None
     # How this worker names itself to the store (its slots are accounted under this id).
     kvstore_client_id: str = "worker"
+    kvstore_tls: Tls | None = None  # this worker's certificate for the store (mutual TLS)
     # CPU matmul kernel of the linears: "auto" times blas and onednn at load (linear.py).
     linear_kernel: str = "auto"
     # Output-length predictor: "auto" (this model's cached artifact, if trained), "none", or
@@ -120,7 +122,7 @@ def load_engine(cfg: EngineConfig) -> LoadedModel:
         device,
         dtype,
     )
-    swap = SwapEngine(pool, cfg.kvstore, client_id=cfg.kvstore_client_id)
+    swap = SwapEngine(pool, cfg.kvstore, client_id=cfg.kvstore_client_id, tls=cfg.kvstore_tls)
     predictor, described = load_predictor(cfg, path, spec, device)
     return LoadedModel(Engine(model, pool, max_positions, swap, predictor), spec, hf_config,
                        path, described)

@@ -22,6 +22,7 @@ import fastserve
 from fastserve.proto import worker_pb2 as pb
 from fastserve.proto import worker_pb2_grpc
 from fastserve.serving import start_with_health
+from fastserve.tls import Tls
 from worker_svc import profiler, wire
 from worker_svc.compute_thread import ComputeThread, ComputeThreadClosed
 from worker_svc.engine import ErrorCode, JobError, StepCommand, StepOutcome
@@ -185,6 +186,7 @@ def create_server(
     max_workers: int = 8,
     on_step: Callable[[StepOutcome, int], None] | None = None,
     compute: ComputeThread | None = None,
+    tls: Tls | None = None,
 ) -> tuple[grpc.Server, int]:
     """A started gRPC server for ``loaded`` on ``address`` (port 0 picks a free port).
 
@@ -200,4 +202,4 @@ def create_server(
     )
     servicer = WorkerServicer(loaded, model_arg, on_step, compute)
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
-    return server, start_with_health(server, address, SERVICE_NAME, health_servicer)
+    return server, start_with_health(server, address, SERVICE_NAME, health_servicer, tls)

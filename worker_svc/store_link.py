@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 
+from fastserve.tls import Tls
 from kvstore_svc.client import (
     ChecksumMismatch,
     KVStoreClient,
@@ -42,8 +43,9 @@ class StoreLink:
     """
 
     def __init__(self, address: str | None, client_id: str, block_bytes: int,
-                 prefer_shm: bool = True, timeout_s: float = 10.0):
+                 prefer_shm: bool = True, timeout_s: float = 10.0, tls: Tls | None = None):
         self.address = address
+        self.tls = tls
         self.client_id = client_id
         self.prefer_shm = prefer_shm
         self.block_bytes = block_bytes
@@ -86,7 +88,7 @@ class StoreLink:
             # Waits up to timeout_s for a store that is starting.
             client = KVStoreClient(self.address, client_id=self.client_id,
                                    block_bytes=self.block_bytes, prefer_shm=self.prefer_shm,
-                                   timeout_s=self.timeout_s)
+                                   timeout_s=self.timeout_s, tls=self.tls)
         except Exception as e:  # noqa: BLE001 - any failure means "not connected, retry later"
             log.warning("kvstore %s unavailable: %s", self.address, e)
         with self._lock:

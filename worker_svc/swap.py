@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from fastserve.tls import Tls
 from kvstore_svc.client import KVStoreError, StoreFull
 from worker_svc.errors import ErrorCode, JobRejected, KVLost
 from worker_svc.kv_pool import KVPool
@@ -91,11 +92,12 @@ class SwapEngine:
     """
 
     def __init__(self, pool: KVPool, kvstore: str | None = None, *, client_id: str = "worker",
-                 prefer_shm: bool = True, copier: HostCopier | None = None):
+                 prefer_shm: bool = True, copier: HostCopier | None = None,
+                 tls: Tls | None = None):
         self.pool = pool
         self._copier = copier
         self.block_bytes = pool.config.bytes_per_block(pool.dtype)
-        self.store = StoreLink(kvstore, client_id, self.block_bytes, prefer_shm)
+        self.store = StoreLink(kvstore, client_id, self.block_bytes, prefer_shm, tls=tls)
         self.store.connect()
         self._jobs: dict[int, _StoreJob] = {}
         self._reading: dict[int, Transfer] = {}  # device block -> swap-out still reading it

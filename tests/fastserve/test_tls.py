@@ -1,0 +1,101 @@
+"""Transport security with real processes: TLS on the client API, mutual TLS inside.
+
+A store, a worker and a scheduler run with a local CA's certificate (``make_local_ca``);
+the client reaches the scheduler over TLS; a process without a certificate the CA signed
+cannot open a worker's Step stream, call Profile or Describe, or touch the store.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import grpc
+import pytest
+from procs import start_kvstore, start_scheduler, start_worker
+
+from fastserve.client import Client
+from fastserve.errors import Unavailable
+from fastserve.proto import kvstore_pb2 as kpb
+from fastserve.proto import kvstore_pb2_grpc, worker_pb2_grpc
+from fastserve.proto import worker_pb2 as wpb
+from fastserve.tls import CA_FILE, CERT_FILE, KEY_FILE, Tls, check_plaintext, make_local_ca
+
+
+def _flags(d):
+    return ["--tls-cert", str(d / CERT_FILE), "--tls-key", str(d / KEY_FILE),
+            "--tls-ca", str(d / CA_FILE)]
+
+
+def test_the_local_ca_makes_its_files_once_with_a_private_key(tmp_path):
+    d = make_local_ca(tmp_path / "tls")
+    assert stat.S_IMODE(os.stat(d / KEY_FILE).st_mode) == 0o600
+    before = (d / CERT_FILE).read_bytes()
+    make_local_ca(d)
+    assert (d / CERT_FILE).read_bytes() == before
+    assert not list(d.glob("*ca-key*"))  # the CA's key is not kept
+
+
+def test_plaintext_is_refused_off_loopback_without_insecure():
+    check_plaintext("127.0.0.1:0", None, False)
+    check_plaintext("0.0.0.0:50051", None, True)
+    with pytest.raises(ValueError, match="--insecure"):
+        check_plaintext("0.0.0.0:50051", None, False)
+
+
+def test_tls_inside_and_out(tiny_tok_model, tmp_path):
+    d = make_local_ca(tmp_path / "tls")
+    other = make_local_ca(tmp_path / "other")  # a CA the cluster does not trust
+    store = start_kvstore(tmp_path, 64 << 20, *_flags(d))
+    worker = start_worker(str(tiny_tok_model), tmp_path, 128, "worker", "--kvstore",
+                          store.address, *_flags(d))
+    scheduler = None
+    try:
+        scheduler = start_scheduler(str(tiny_tok_model), [worker.address], tmp_path, *_flags(d))
+        with Client(scheduler.address, tls_ca=str(d / CA_FILE)) as client:
+            out = client.generate("count with me", max_tokens=6, temperature=0.0,
+                                  ignore_eos=True)
+            assert len(out.token_ids) == 6
+            workers = client.status()["workers"]
+            assert workers[0]["state"] == "ready"
+        with Client(scheduler.address) as plain, pytest.raises(Unavailable):
+            plain.generate("hi", max_tokens=2, timeout=5)
+
+        def channels():
+            mine = Tls.load(str(d / CERT_FILE), str(d / KEY_FILE), str(d / CA_FILE))
+            foreign = Tls.load(str(other / CERT_FILE), str(other / KEY_FILE), str(d / CA_FILE))
+            assert mine is not None and foreign is not None
+            yield "plaintext", lambda a: grpc.insecure_channel(a)
+            yield "no certificate", lambda a: grpc.secure_channel(
+                a, grpc.ssl_channel_credentials((d / CA_FILE).read_bytes()))
+            yield "another CA's certificate", lambda a: grpc.secure_channel(
+                a, foreign.channel_credentials())
+
+        for what, make in channels():
+            with make(worker.address) as ch:
+                stub = worker_pb2_grpc.WorkerStub(ch)
+                for call in (lambda: stub.Describe(wpb.DescribeRequest(), timeout=5),
+                             lambda: stub.Profile(wpb.ProfileRequest(force=True), timeout=5),
+                             lambda: next(stub.Step(iter([wpb.StepRequest()]), timeout=5))):
+                    with pytest.raises(grpc.RpcError) as err:
+                        call()
+                    assert err.value.code() == grpc.StatusCode.UNAVAILABLE, what
+            with make(store.address) as ch:
+                stub = kvstore_pb2_grpc.KVStoreStub(ch)
+                for call in (lambda: stub.Stats(kpb.StatsRequest(), timeout=5),
+                             lambda: stub.Register(kpb.RegisterRequest(client_id="x"),
+                                                   timeout=5)):
+                    with pytest.raises(grpc.RpcError) as err:
+                        call()
+                    assert err.value.code() == grpc.StatusCode.UNAVAILABLE, what
+        # The cluster's own certificate is let in (the worker's store link uses it too).
+        mine = Tls.load(str(d / CERT_FILE), str(d / KEY_FILE), str(d / CA_FILE))
+        assert mine is not None
+        with grpc.secure_channel(store.address, mine.channel_credentials()) as ch:
+            stats = kvstore_pb2_grpc.KVStoreStub(ch).Stats(kpb.StatsRequest(), timeout=5)
+            assert [x.client_id for x in stats.leases] != []
+    finally:
+        if scheduler is not None:
+            scheduler.stop()
+        worker.stop()
+        store.stop()
