@@ -73,18 +73,18 @@ def test_tls_inside_and_out(tiny_tok_model, tmp_path):
 
         for what, make in channels():
             with make(worker.address) as ch:
-                stub = worker_pb2_grpc.WorkerStub(ch)
-                for call in (lambda: stub.Describe(wpb.DescribeRequest(), timeout=5),
-                             lambda: stub.Profile(wpb.ProfileRequest(force=True), timeout=5),
-                             lambda: next(stub.Step(iter([wpb.StepRequest()]), timeout=5))):
+                w = worker_pb2_grpc.WorkerStub(ch)
+                for call in (lambda w=w: w.Describe(wpb.DescribeRequest(), timeout=5),
+                             lambda w=w: w.Profile(wpb.ProfileRequest(force=True), timeout=5),
+                             lambda w=w: next(w.Step(iter([wpb.StepRequest()]), timeout=5))):
                     with pytest.raises(grpc.RpcError) as err:
                         call()
                     assert err.value.code() == grpc.StatusCode.UNAVAILABLE, what
             with make(store.address) as ch:
-                stub = kvstore_pb2_grpc.KVStoreStub(ch)
-                for call in (lambda: stub.Stats(kpb.StatsRequest(), timeout=5),
-                             lambda: stub.Register(kpb.RegisterRequest(client_id="x"),
-                                                   timeout=5)):
+                k = kvstore_pb2_grpc.KVStoreStub(ch)
+                for call in (lambda k=k: k.Stats(kpb.StatsRequest(), timeout=5),
+                             lambda k=k: k.Register(kpb.RegisterRequest(client_id="x"),
+                                                    timeout=5)):
                     with pytest.raises(grpc.RpcError) as err:
                         call()
                     assert err.value.code() == grpc.StatusCode.UNAVAILABLE, what
