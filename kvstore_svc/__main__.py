@@ -111,8 +111,7 @@ def _serve(args: argparse.Namespace, pool: BlockPool, stop: threading.Event) -> 
     if args.metrics_port >= 0:
         metrics = StoreMetrics(pool)
         try:
-            log.info("metrics on %s:%d", args.metrics_host,
-                     metrics.serve(args.metrics_port, args.metrics_host))
+            log.info("metrics on :%d", metrics.serve(args.metrics_port, args.metrics_host))
         except OSError as e:
             log.error("cannot serve metrics on port %d: %s", args.metrics_port, e)
             return 1

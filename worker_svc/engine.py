@@ -376,17 +376,18 @@ class Engine:
             [j.job_id for j in sample_jobs],
         )
         sampled = {}
+        unsampled: set[int] = set()
         for i, (job, tok, lp) in enumerate(zip(sample_jobs, tokens, logprobs, strict=True)):
             if i in failed:  # its own numbers went wrong: it fails alone (no token)
                 errors.append(JobError(job.job_id, ErrorCode.INVALID_ARGUMENT, failed[i]))
+                unsampled.add(job.job_id)
                 continue
             job.token_ids.append(tok)
             sampled[job.job_id] = (tok, lp)
         predicted = self._observe(probed, sample_jobs, meta) if probed else {}
         results = []
-        bad = {e.job_id for e in errors}
         for job, _ in batch:
-            if job.job_id in bad:
+            if job.job_id in unsampled:
                 continue
             tok, lp = sampled.get(job.job_id, (None, None))
             results.append(JobResult(job.job_id, job.num_computed, tok, lp,

@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from fastserve.proto import scheduler_pb2 as spb
+from fastserve.proto import scheduler_pb2_grpc
 
 
 def long_request(request_id="", max_tokens=400):
@@ -264,7 +265,7 @@ def test_a_worker_serving_another_model_is_refused(tiny_tok_model, default_model
 
 
 def test_api_keys_authenticate_clients_and_own_their_requests(tiny_tok_model, tmp_path):
-    from conftest import start_cluster
+    from procs import start_scheduler, start_worker
 
     from fastserve.client import Client
     from fastserve.errors import Unauthenticated
@@ -272,9 +273,12 @@ def test_api_keys_authenticate_clients_and_own_their_requests(tiny_tok_model, tm
     alice, bob = "alice-key-0123456789abcdef", "bob-key-0123456789abcdef"
     keys = tmp_path / "keys"
     keys.write_text(f"# clients\n{alice}\n\n{bob}\n")
-    cluster = start_cluster(tiny_tok_model, tmp_path, 256, "--api-keys", str(keys))
+    worker = start_worker(str(tiny_tok_model), tmp_path, 256)
+    scheduler = start_scheduler(str(tiny_tok_model), [worker.address], tmp_path,
+                                "--api-keys", str(keys))
+    channel = grpc.insecure_channel(scheduler.address)
     try:
-        stub = cluster.stub
+        stub = scheduler_pb2_grpc.SchedulerStub(channel)
         for metadata in (None, (("authorization", "Bearer wrong-key-0123456789abc"),),
                          (("authorization", alice),)):  # no "Bearer"
             with pytest.raises(grpc.RpcError) as err:
@@ -284,10 +288,10 @@ def test_api_keys_authenticate_clients_and_own_their_requests(tiny_tok_model, tm
             with pytest.raises(grpc.RpcError) as err:
                 stub.Status(spb.StatusRequest(), metadata=metadata)
             assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        with Client(cluster.scheduler.address) as anonymous, pytest.raises(Unauthenticated):
+        with Client(scheduler.address) as anonymous, pytest.raises(Unauthenticated):
             anonymous.generate("hi", max_tokens=2)
-        with Client(cluster.scheduler.address, api_key=alice) as a, \
-                Client(cluster.scheduler.address, api_key=bob) as b:
+        with Client(scheduler.address, api_key=alice) as a, \
+                Client(scheduler.address, api_key=bob) as b:
             stream = a.stream("count with me", max_tokens=300, temperature=0.0,
                               ignore_eos=True, request_id="alices")
             next(iter(stream))
@@ -298,4 +302,6 @@ def test_api_keys_authenticate_clients_and_own_their_requests(tiny_tok_model, tm
             stream.close()
             assert len(b.generate("hi", max_tokens=4, ignore_eos=True).token_ids) == 4
     finally:
-        cluster.close()
+        channel.close()
+        scheduler.stop()
+        worker.stop()
