@@ -1,0 +1,79 @@
+"""A 3.9 MB prompt sent while four streams decode: how fast it is refused, and whether the
+streams keep their pace (issue 13). Starts `fastserve serve` with the default model.
+
+    python docs/bench-reliability/big_prompt.py [--port 50231]
+
+Prints the refusal time and, per stream, the median and largest gap between its chunks, the
+largest as a multiple of the median iteration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+
+from fastserve.client import Client
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--port", type=int, default=50231)
+    args = p.parse_args()
+    serve = subprocess.Popen([sys.executable, "-m", "fastserve.cli", "serve", "--port",
+                              str(args.port), "--metrics-port", "-1", "--no-kvstore",
+                              "--policy", "fcfs"], stdout=subprocess.PIPE, text=True)
+    try:
+        line = serve.stdout.readline()
+        assert line.startswith("FastServe ready"), line
+        address = f"127.0.0.1:{args.port}"
+        gaps: dict[int, list[float]] = {}
+        sent_at: list[float] = []
+
+        def stream(i: int) -> None:
+            with Client(address) as c:
+                last, out = None, []
+                for _ in c.stream("Tell me a long story about the sea.", max_tokens=200,
+                                  temperature=0.0, ignore_eos=True):
+                    now = time.perf_counter()
+                    if last is not None:
+                        out.append((now, now - last))
+                    last = now
+                gaps[i] = out
+
+        threads = [threading.Thread(target=stream, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(3.0)  # the streams are decoding
+        with Client(address) as c:
+            start = time.perf_counter()
+            sent_at.append(start)
+            try:
+                c.generate("x" * 3_900_000, max_tokens=5)
+                refused = "not refused"
+            except Exception as e:  # noqa: BLE001 - reported
+                refused = f"{type(e).__name__}: {str(e)[:90]}"
+            took = time.perf_counter() - start
+        for t in threads:
+            t.join()
+        print(f"3.9 MB prompt: {refused} in {took * 1e3:.1f} ms")
+        for i, out in sorted(gaps.items()):
+            g = [d for _, d in out]
+            near = [d for at, d in out if abs(at - sent_at[0]) < 2.0]
+            med = statistics.median(g)
+            print(f"stream {i}: median gap {med * 1e3:.1f} ms, largest {max(g) * 1e3:.1f} ms "
+                  f"({max(g) / med:.2f}x); within 2 s of the big prompt largest "
+                  f"{max(near) * 1e3:.1f} ms ({max(near) / med:.2f}x)")
+    finally:
+        serve.terminate()
+        serve.wait(30)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
