@@ -75,7 +75,11 @@ def add_tls_args(p: argparse.ArgumentParser) -> None:
 
 
 def tls_from_args(args: argparse.Namespace) -> Tls | None:
-    return Tls.load(args.tls_cert, args.tls_key, args.tls_ca)
+    """``add_tls_args``' certificates, and the plaintext rule for ``args.listen``; raises
+    OSError (a file) or ValueError (a setting)."""
+    tls = Tls.load(args.tls_cert, args.tls_key, args.tls_ca)
+    check_plaintext(args.listen, tls, args.insecure)
+    return tls
 
 
 def is_loopback(address: str) -> bool:

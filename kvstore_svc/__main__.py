@@ -21,7 +21,7 @@ import threading
 from grpc_health.v1 import health
 
 from fastserve.metrics_endpoint import DEFAULT_HOST, HOST_HELP
-from fastserve.tls import add_tls_args, check_plaintext, tls_from_args
+from fastserve.tls import add_tls_args, tls_from_args
 from kvstore_svc.metrics import StoreMetrics
 from kvstore_svc.pool import BlockPool
 from kvstore_svc.server import create_server, reap_expired
@@ -118,7 +118,6 @@ def _serve(args: argparse.Namespace, pool: BlockPool, stop: threading.Event) -> 
     health_servicer = health.HealthServicer()
     try:
         tls = tls_from_args(args)
-        check_plaintext(args.listen, tls, args.insecure)
     except (OSError, ValueError) as e:
         log.error("%s", e)
         return 2

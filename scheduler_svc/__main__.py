@@ -10,7 +10,7 @@ import sys
 
 from fastserve.metrics_endpoint import DEFAULT_HOST, HOST_HELP
 from fastserve.models import DEFAULT_MODEL, resolve_model
-from fastserve.tls import add_tls_args, check_plaintext, tls_from_args
+from fastserve.tls import add_tls_args, tls_from_args
 from scheduler_svc.api.auth import ApiKeys
 from scheduler_svc.config_args import add_config_args, config_from_args
 
@@ -53,7 +53,6 @@ async def serve(args: argparse.Namespace) -> int:
         return 2
     try:
         tls = tls_from_args(args)
-        check_plaintext(args.listen, tls, args.insecure)
     except (OSError, ValueError) as e:
         log.error("%s", e)
         return 2

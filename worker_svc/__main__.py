@@ -23,7 +23,7 @@ import threading
 
 from fastserve.metrics_endpoint import DEFAULT_HOST, HOST_HELP
 from fastserve.models import DEFAULT_MODEL
-from fastserve.tls import add_tls_args, check_plaintext, tls_from_args
+from fastserve.tls import add_tls_args, tls_from_args
 
 SHUTDOWN_GRACE_S = 5.0
 
@@ -109,7 +109,6 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         tls = tls_from_args(args)
-        check_plaintext(args.listen, tls, args.insecure)
     except (OSError, ValueError) as e:
         log.error("%s", e)
         return 2

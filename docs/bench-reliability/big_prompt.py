@@ -16,8 +16,6 @@ import sys
 import threading
 import time
 
-import grpc
-
 from fastserve.client import Client
 
 
