@@ -38,9 +38,9 @@ IDLE_CHECK_S = 1.0
 
 def layout(d: wpb.DescribeResponse) -> tuple:
     """What the core is built from: a worker that comes back with another one gets a new core
-    (it once kept the old pool: "block id 53 out of range [0, 40)")."""
-    return (d.model, d.num_blocks, d.block_size, d.max_context, d.vocab_size,
-            d.store_connected and d.store_capacity_blocks)
+    (it once kept the old pool: "block id 53 out of range [0, 40)"). Not the store's state:
+    a store that restarts beside a worker must not make the worker look lost."""
+    return (d.model, d.num_blocks, d.block_size, d.max_context, d.vocab_size)
 
 
 @dataclass
@@ -132,6 +132,8 @@ class WorkerLoop:
 
     async def connect(self, timeout_s: float = 60.0) -> None:
         """Describe the worker and build the core; raises if it cannot be reached in time."""
+        if self._channel is not None:  # a reconnect: the old channel's stream is gone
+            await self._channel.close()
         self._channel = channel(self.address, self.tls, aio=True)
         stub = worker_pb2_grpc.WorkerStub(self._channel)
         self.describe = await stub.Describe(wpb.DescribeRequest(), timeout=timeout_s,
