@@ -292,8 +292,7 @@ RESTART_BACKOFF_S = 1.0  # doubled per recent restart
 class Restarts:
     """Backoff and limit per child: a child that keeps dying is not restarted forever."""
 
-    def __init__(self, limit: int = RESTART_LIMIT, window_s: float = RESTART_WINDOW_S,
-                 backoff_s: float = RESTART_BACKOFF_S,
+    def __init__(self, limit: int, window_s: float, backoff_s: float,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.limit, self.window_s, self.backoff_s, self.clock = limit, window_s, backoff_s, clock
         self._times: dict[str, collections.deque[float]] = {}

@@ -45,9 +45,8 @@ class Tls:
             return None
         if not (cert and key):
             raise ValueError("--tls-cert and --tls-key go together")
-        read = pathlib.Path.read_bytes
-        return cls(read(pathlib.Path(cert)), read(pathlib.Path(key)),
-                   read(pathlib.Path(ca)) if ca else None)
+        return cls(pathlib.Path(cert).read_bytes(), pathlib.Path(key).read_bytes(),
+                   pathlib.Path(ca).read_bytes() if ca else None)
 
     def server_credentials(self, require_client: bool) -> grpc.ServerCredentials:
         """TLS for a server; with ``require_client`` (and a CA) callers must present a

@@ -108,6 +108,11 @@ def _serve(args: argparse.Namespace, pool: BlockPool, stop: threading.Event) -> 
              f"{stats.segment_name}" if stats.segment_name else "sized by the first client")
     log.info("budget %d bytes, %s, lease TTL %g s", pool.budget_bytes, sized, args.lease_ttl_s)
     metrics = None
+    try:
+        tls = tls_from_args(args)
+    except (OSError, ValueError) as e:
+        log.error("%s", e)
+        return 2
     if args.metrics_port >= 0:
         metrics = StoreMetrics(pool)
         try:
@@ -116,11 +121,6 @@ def _serve(args: argparse.Namespace, pool: BlockPool, stop: threading.Event) -> 
             log.error("cannot serve metrics on port %d: %s", args.metrics_port, e)
             return 1
     health_servicer = health.HealthServicer()
-    try:
-        tls = tls_from_args(args)
-    except (OSError, ValueError) as e:
-        log.error("%s", e)
-        return 2
     try:
         server, port = create_server(pool, args.listen, health_servicer=health_servicer,
                                      metrics=metrics, tls=tls)

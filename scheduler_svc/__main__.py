@@ -45,7 +45,6 @@ async def serve(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)
     workers = [w.strip() for w in args.workers.split(",") if w.strip()]
-    model_path = str(await asyncio.to_thread(resolve_model, args.model))
     try:
         api_keys = ApiKeys.load(args.api_keys) if args.api_keys else None
     except (OSError, ValueError) as e:
@@ -61,6 +60,7 @@ async def serve(args: argparse.Namespace) -> int:
                     args.listen)
     else:
         log.info("%d API keys: clients without one are refused", len(api_keys))
+    model_path = str(await asyncio.to_thread(resolve_model, args.model))
     service = await create_service(config, model_path, args.model, workers, args.listen,
                                    args.connect_timeout, args.metrics_port, args.metrics_host,
                                    api_keys=api_keys, tls=tls)

@@ -18,8 +18,7 @@ from scheduler_svc.core.job import Job, Sampling
 MAX_PROMPT_BYTES_PER_TOKEN = 32
 MAX_CHAT_MESSAGES = 1024
 MAX_REQUEST_ID_LEN = 256
-# Below this a temperature samples greedily (the worker's rule, vLLM's too).
-GREEDY_BELOW = 1e-5
+# Higher is refused; a vanishing one samples greedily on the worker (worker_svc/sampler.py).
 MAX_TEMPERATURE = 100.0
 
 
@@ -101,8 +100,6 @@ def build_job(request: spb.GenerateRequest, *, job_id: int, request_id: str, now
     if not 0.0 <= temperature <= MAX_TEMPERATURE:  # NaN fails too
         raise InvalidRequest("sampling.temperature", f"sampling.temperature must be in [0, "
                              f"{MAX_TEMPERATURE:g}], got {temperature}")
-    if temperature < GREEDY_BELOW:
-        temperature = 0.0  # greedy: 1e-45 made the logits infinite
     top_p = s.top_p if s.HasField("top_p") else 1.0
     if not 0.0 < top_p <= 1.0:
         raise InvalidRequest("sampling.top_p", f"sampling.top_p must be in (0, 1], got {top_p}")

@@ -16,7 +16,7 @@ import grpc
 from fastserve.proto import scheduler_pb2 as spb
 from fastserve.proto import scheduler_pb2_grpc
 from scheduler_svc.api.auth import ApiKeys
-from scheduler_svc.api.requests import build_job, validate_request_id
+from scheduler_svc.api.requests import build_job
 from scheduler_svc.api.text import IncrementalDetokenizer, InvalidRequest, TextModel
 from scheduler_svc.cluster import Cluster
 from scheduler_svc.core.config import SchedulerConfig
@@ -75,11 +75,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         group = cluster.pick()
         if group is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "no worker is ready")
-        request_id = request.request_id or uuid.uuid4().hex
-        try:
-            validate_request_id(request_id)
-        except InvalidRequest as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        request_id = request.request_id or uuid.uuid4().hex  # build_job bounds it
         limits = cluster.limits(group)
         try:
             # Tokenizing and chat rendering run on the text thread, never on this loop: a

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from scheduler_svc.core.contract import StepPlan
 from scheduler_svc.core.job import Job
+from scheduler_svc.core.kv.allocator import blocks_for
 from scheduler_svc.core.policies.base import Policy
 from scheduler_svc.core.step_context import StepContext
 
@@ -58,22 +59,17 @@ def _batch(core: GroupCore) -> list[Job] | None:
 
 def _crossings(batch: list[Job], k: int, block_size: int) -> int:
     """Blocks the batch needs for ``k`` more decodes each."""
-    total = 0
-    for job in batch:
-        kv = job.kv
-        need = -(-(kv.num_computed + k) // block_size) - len(kv.blocks)
-        if need > 0:
-            total += need
-    return total
+    return sum(max(blocks_for(j.kv.num_computed + k, block_size) - len(j.kv.blocks), 0)
+               for j in batch)
 
 
 def window(core: GroupCore, iteration_s: float, start: float, next_arrival: float,
-           token: int, limit: int) -> list[float]:
-    """Start times of the next iterations (the first at ``start``, each ``iteration_s`` long,
-    at most ``limit``) that would each run the last plan's batch again, one decode per job,
-    if no job arrived before ``next_arrival``. Empty when none can be told."""
+           token: int) -> list[float]:
+    """Start times of the next iterations (the first at ``start``, each ``iteration_s`` long)
+    that would each run the last plan's batch again, one decode per job, if no job arrived
+    before ``next_arrival``. Empty when none can be told."""
     batch = _batch(core)
-    if (batch is None or core.num_in_flight or core.has_pending_frees or limit < 1
+    if (batch is None or core.num_in_flight or core.has_pending_frees
             or core.policy_moved_since_plan):  # e.g. its update demoted a job
         return []
     plan = core.repeatable_plan
@@ -84,13 +80,9 @@ def window(core: GroupCore, iteration_s: float, start: float, next_arrival: floa
     arrivals_matter = core.policy.arrivals_preempt or not full
     if arrivals_matter and core.added_since_plan:
         return []
-    for job in batch:
-        if job.status.finished:
-            return []
-        left = min(job.max_tokens - len(job.output), core.max_context - job.num_tokens)
-        if not job.ignore_eos and token in job.eos_token_ids:
-            left = 1
-        limit = min(limit, left)
+    limit = min(1 if not job.ignore_eos and token in job.eos_token_ids
+                else min(job.max_tokens - len(job.output), core.max_context - job.num_tokens)
+                for job in batch)  # a job finishes in the window's last iteration at most
     starts: list[float] = []
     s = start
     while len(starts) < limit:

@@ -251,6 +251,10 @@ def simulate(
         live_arr -= s.arrival_s / s.output_tokens
         done_per_token += (job.finish_time - s.arrival_s) / max(len(job.output), 1)
 
+    def bound(t: float) -> float:
+        """The mean latency per token every request is certain to exceed at time ``t``."""
+        return (done_per_token + t * live_inv - live_arr) / num_specs
+
     num_idle_plans = 0  # plans in a row that computed nothing while jobs were live
     stopped_at: float | None = None
     while True:
@@ -312,15 +316,11 @@ def simulate(
         if check_invariants:
             core.check_invariants()
         now = end
-        if stop_above_s_per_token is not None:
-            bound = (done_per_token + now * live_inv - live_arr) / num_specs
-            if bound > stop_above_s_per_token:
-                stopped_at = bound
-                break
+        stopping = stop_above_s_per_token is not None and bound(now) > stop_above_s_per_token
         # The iterations after this one that would repeat its batch unchanged, at once.
         starts = (window(core, t, now, specs[next_i].arrival_s if next_i < num_specs
-                         else math.inf, SIM_TOKEN, num_specs * max_context)
-                  if fast_forward and core.repeatable_plan is not None else [])
+                         else math.inf, SIM_TOKEN)
+                  if fast_forward and not stopping else [])
         if starts:
             # Arrivals during the window are admitted as the service would, before the
             # update of the iteration they came in (only a window whose batch they cannot
@@ -329,8 +329,7 @@ def simulate(
                 end_j = s_j + t
                 admit_until(end_j)
                 if (stop_above_s_per_token is not None and j + 1 < len(starts)
-                        and (done_per_token + end_j * live_inv - live_arr) / num_specs
-                        > stop_above_s_per_token):
+                        and bound(end_j) > stop_above_s_per_token):
                     del starts[j + 1:]
                     break
             for job in advance(core, starts, t, SIM_TOKEN):
@@ -340,13 +339,13 @@ def simulate(
             now = starts[-1] + t
             if check_invariants:
                 core.check_invariants()
+            stopping = (stop_above_s_per_token is not None
+                        and bound(now) > stop_above_s_per_token)
         if progress is not None and num_done:
             progress(num_done)
-        if starts and stop_above_s_per_token is not None:
-            bound = (done_per_token + now * live_inv - live_arr) / num_specs
-            if bound > stop_above_s_per_token:
-                stopped_at = bound
-                break
+        if stopping:
+            stopped_at = bound(now)
+            break
     done_records = [r for r in records if r is not None]
     assert stopped_at is not None or len(done_records) == num_specs, (
         f"{num_specs - len(done_records)} requests unfinished")

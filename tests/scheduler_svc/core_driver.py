@@ -25,6 +25,21 @@ def make_job(job_id, prompt_len=5, max_tokens=4, now=0.0, **kw) -> Job:
                eos_token_ids=frozenset({EOS}), **kw)
 
 
+def count_walked(core) -> list[int]:
+    """Count the jobs ``core``'s policy order yields from now on: the returned one-element
+    list holds the running total (a walk that stops early reads few of them)."""
+    seen = [0]
+    real_order = core.policy.order
+
+    def counting(now):
+        for job in real_order(now):
+            seen[0] += 1
+            yield job
+
+    core.policy.order = counting
+    return seen
+
+
 def run_step(core, now, tokens=None, elapsed=0.01):
     """Schedule, then answer like a worker: token 7 (or tokens[job_id]) for jobs that sample."""
     plan = core.schedule(now)
