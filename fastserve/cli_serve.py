@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 
 from fastserve.metrics_endpoint import DEFAULT_HOST, HOST_HELP
-from fastserve.tls import CA_FILE, CERT_FILE, KEY_FILE, make_local_ca
+from fastserve.tls import CA_FILE, cert_files, make_local_ca
 from scheduler_svc.config_args import add_config_args, config_argv, config_from_args
 
 KVSTORE_READY = "kvstore listening on "
@@ -115,16 +115,20 @@ def kvstore_command(args: argparse.Namespace) -> list[str]:
            "--log-level", getattr(args, "log_level", "INFO")]
     if args.kvstore_budget:
         cmd += ["--budget-bytes", str(args.kvstore_budget)]
-    return cmd + tls_flags(args)
+    return cmd + tls_flags(args, "kvstore")
 
 
-def tls_flags(args: argparse.Namespace) -> list[str]:
-    """Every child's TLS flags: the machine's certificate and CA from ``--tls-dir``."""
+# Each child has a certificate of its own from ``--tls-dir`` (a store tells workers apart).
+TLS_ROLES = ("scheduler", "worker", "kvstore")
+
+
+def tls_flags(args: argparse.Namespace, role: str) -> list[str]:
+    """A child's TLS flags: its certificate (``role``) and the CA from ``--tls-dir``."""
     out = ["--insecure"] if getattr(args, "insecure", False) else []
     d = getattr(args, "tls_dir", None)
     if d:
-        out += ["--tls-cert", str(pathlib.Path(d) / CERT_FILE),
-                "--tls-key", str(pathlib.Path(d) / KEY_FILE),
+        cert, key = cert_files(d, role)
+        out += ["--tls-cert", cert, "--tls-key", key,
                 "--tls-ca", str(pathlib.Path(d) / CA_FILE)]
     return out
 
@@ -142,7 +146,7 @@ def worker_command(args: argparse.Namespace, kvstore: str | None = None) -> list
     ]
     if kvstore:
         cmd += ["--kvstore", kvstore]
-    return cmd + tls_flags(args)
+    return cmd + tls_flags(args, "worker")
 
 
 def worker_metrics_port(scheduler_port: int, offset: int = 1) -> int:
@@ -158,7 +162,7 @@ def scheduler_command(args: argparse.Namespace, workers: str) -> list[str]:
         "--listen", f"{args.host}:{args.port}", "--metrics-port", str(args.metrics_port),
         "--metrics-host", getattr(args, "metrics_host", DEFAULT_HOST),
         *(["--api-keys", args.api_keys] if getattr(args, "api_keys", None) else []),
-        *config_argv(args), *tls_flags(args),
+        *config_argv(args), *tls_flags(args, "scheduler"),
     ]
 
 
@@ -218,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
         config_from_args(args)  # a refused setting fails here, before anything starts
         resolve_model(args.model, progress=True)
         if getattr(args, "tls_dir", None):
-            make_local_ca(args.tls_dir)
+            make_local_ca(args.tls_dir, TLS_ROLES)
             print(f"TLS: clients pass --tls-ca {pathlib.Path(args.tls_dir) / CA_FILE}",
                   file=sys.stderr)
     except ValueError as e:

@@ -114,18 +114,28 @@ def channel(address: str, tls: Tls | None, options: list | None = None,
 CA_FILE, CERT_FILE, KEY_FILE = "ca.pem", "node.pem", "node-key.pem"
 
 
-def make_local_ca(directory: str | pathlib.Path, days: int = 365) -> pathlib.Path:
-    """Write ``ca.pem`` and a certificate for this machine (``node.pem``, ``node-key.pem``:
-    server and client use; localhost, 127.0.0.1, ::1 and the host name) into ``directory``,
-    unless they are there already. Keys are written 0600; the CA's key is not kept, so
-    nothing can sign another certificate later. Returns ``directory``."""
+def cert_files(directory: str | pathlib.Path, name: str = "node") -> tuple[str, str]:
+    """The certificate and key files ``make_local_ca`` writes for ``name``."""
+    d = pathlib.Path(directory)
+    return str(d / f"{name}.pem"), str(d / f"{name}-key.pem")
+
+
+def make_local_ca(directory: str | pathlib.Path, names: tuple[str, ...] = ("node",),
+                  days: int = 365) -> pathlib.Path:
+    """Write ``ca.pem`` and, for each of ``names``, a certificate for this machine
+    (``<name>.pem``, ``<name>-key.pem``: server and client use; localhost, 127.0.0.1, ::1 and
+    the host name) into ``directory``, unless they are all there already. One certificate per
+    process lets a store tell its workers apart (a lease serves only the certificate that
+    registered it). Keys are written 0600; the CA's key is not kept, so nothing can sign
+    another certificate later. Returns ``directory``."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     d = pathlib.Path(directory)
-    if all((d / f).exists() for f in (CA_FILE, CERT_FILE, KEY_FILE)):
+    files = [d / CA_FILE, *(pathlib.Path(f) for n in names for f in cert_files(d, n))]
+    if all(f.exists() for f in files):
         return d
     d.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.UTC)
@@ -137,27 +147,30 @@ def make_local_ca(directory: str | pathlib.Path, days: int = 365) -> pathlib.Pat
           .not_valid_after(now + datetime.timedelta(days=days))
           .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
           .sign(ca_key, hashes.SHA256()))
-    key = ec.generate_private_key(ec.SECP256R1())
-    host = socket.gethostname()
-    names: list[x509.GeneralName] = [x509.DNSName("localhost"), x509.DNSName(host),
-                                     x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                                     x509.IPAddress(ipaddress.ip_address("::1"))]
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)]))
-            .issuer_name(ca_name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=days))
-            .add_extension(x509.SubjectAlternativeName(names), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
-                                                  ExtendedKeyUsageOID.CLIENT_AUTH]),
-                           critical=False)
-            .sign(ca_key, hashes.SHA256()))
     pem = serialization.Encoding.PEM
     (d / CA_FILE).write_bytes(ca.public_bytes(pem))
-    (d / CERT_FILE).write_bytes(cert.public_bytes(pem))
-    fd = os.open(d / KEY_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
-                                  serialization.NoEncryption()))
+    host = socket.gethostname()
+    alt: list[x509.GeneralName] = [x509.DNSName("localhost"), x509.DNSName(host),
+                                   x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                                   x509.IPAddress(ipaddress.ip_address("::1"))]
+    for name in names:
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = (x509.CertificateBuilder()
+                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME,
+                                                            f"{name}@{host}")]))
+                .issuer_name(ca_name).public_key(key.public_key())
+                .serial_number(x509.random_serial_number())
+                .not_valid_before(now - datetime.timedelta(minutes=5))
+                .not_valid_after(now + datetime.timedelta(days=days))
+                .add_extension(x509.SubjectAlternativeName(alt), critical=False)
+                .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
+                                                      ExtendedKeyUsageOID.CLIENT_AUTH]),
+                               critical=False)
+                .sign(ca_key, hashes.SHA256()))
+        cert_file, key_file = cert_files(d, name)
+        pathlib.Path(cert_file).write_bytes(cert.public_bytes(pem))
+        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
+                                      serialization.NoEncryption()))
     return d

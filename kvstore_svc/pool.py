@@ -38,6 +38,7 @@ class ErrorCode(enum.IntEnum):
 
     INVALID_ARGUMENT = 3
     NOT_FOUND = 5
+    PERMISSION_DENIED = 7
     RESOURCE_EXHAUSTED = 8
     FAILED_PRECONDITION = 9
     DATA_LOSS = 15
@@ -124,6 +125,7 @@ class _Lease:
     lease_id: int
     client_id: str
     expires_at: float
+    holder: str  # who registered it (``register``'s ``holder``); "" on plaintext
     jobs: dict[int, set[int]] = field(default_factory=dict)  # job_key -> handles
     num_blocks: int = 0
 
@@ -172,8 +174,11 @@ class BlockPool:
 
     # -- leases --------------------------------------------------------------------------
 
-    def register(self, client_id: str, block_bytes: int) -> Grant:
-        """Start a lease for ``client_id``; fixes block_bytes (and creates the segment) first."""
+    def register(self, client_id: str, block_bytes: int, holder: str = "") -> Grant:
+        """Start a lease for ``client_id``; fixes block_bytes (and creates the segment) first.
+
+        ``holder`` names the caller as the transport proved it (its certificate): only calls
+        with the same ``holder`` may use the lease (``check_holder``)."""
         if not 1 <= len(client_id) <= MAX_CLIENT_ID_CHARS:
             raise PoolError(ErrorCode.INVALID_ARGUMENT,
                             f"client_id: must be 1 to {MAX_CLIENT_ID_CHARS} characters, "
@@ -198,11 +203,20 @@ class BlockPool:
             while lease_id == 0 or lease_id in self._leases:
                 lease_id = secrets.randbits(63)
             self._leases[lease_id] = _Lease(lease_id, client_id,
-                                            self._clock() + self.lease_ttl_s)
+                                            self._clock() + self.lease_ttl_s, holder)
             assert self._segment is not None
             return Grant(lease_id, self.lease_ttl_s, self._segment.name,
                          self.capacity_blocks * self.block_bytes, self.block_bytes,
                          self.capacity_blocks, self.slot_bits)
+
+    def check_holder(self, lease_id: int, holder: str) -> None:
+        """Refuse (PERMISSION_DENIED) a caller other than the one that registered the lease;
+        an unknown lease is NOT_FOUND as everywhere."""
+        with self._lock:
+            if self._lease(lease_id).holder != holder:
+                raise PoolError(ErrorCode.PERMISSION_DENIED,
+                                "lease_id: this lease belongs to another client; a lease's "
+                                "blocks are served only to the certificate that registered it")
 
     def keep_alive(self, lease_id: int) -> float:
         """Renew a lease; returns its TTL in seconds."""

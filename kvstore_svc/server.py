@@ -7,6 +7,7 @@ the calls of many gRPC threads safe together.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Iterator
@@ -29,6 +30,13 @@ from kvstore_svc.protocol import CHANNEL_OPTIONS, CHUNK_BYTES, ERROR_KEY, LEASE_
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["KVStore"].full_name
+
+
+def peer_identity(context: grpc.ServicerContext) -> str:
+    """Who the transport proved the caller to be: a digest of the certificate it presented
+    (mutual TLS), or "" on plaintext (loopback only, ``fastserve.tls.check_plaintext``)."""
+    certs = context.auth_context().get("x509_pem_cert")
+    return hashlib.sha256(certs[0]).hexdigest()[:32] if certs else ""
 
 
 def _abort(context: grpc.ServicerContext, e: PoolError) -> NoReturn:
@@ -58,7 +66,8 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
     def Register(self, request: pb.RegisterRequest,
                  context: grpc.ServicerContext) -> pb.RegisterResponse:
         try:
-            g = self.pool.register(request.client_id, request.block_bytes)
+            g = self.pool.register(request.client_id, request.block_bytes,
+                                   peer_identity(context))
         except PoolError as e:
             _abort(context, e)
         log.info("lease %d registered by %r from %s", g.lease_id, request.client_id,
@@ -71,6 +80,7 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
     def KeepAlive(self, request: pb.KeepAliveRequest,
                   context: grpc.ServicerContext) -> pb.KeepAliveResponse:
         try:
+            self.pool.check_holder(request.lease_id, peer_identity(context))
             return pb.KeepAliveResponse(lease_ttl_s=self.pool.keep_alive(request.lease_id))
         except PoolError as e:
             _abort(context, e)
@@ -78,6 +88,7 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
     def Release(self, request: pb.ReleaseRequest,
                 context: grpc.ServicerContext) -> pb.ReleaseResponse:
         try:
+            self.pool.check_holder(request.lease_id, peer_identity(context))
             freed = self.pool.release(request.lease_id)
         except PoolError as e:
             _abort(context, e)
@@ -87,6 +98,7 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
     def Allocate(self, request: pb.AllocateRequest,
                  context: grpc.ServicerContext) -> pb.AllocateResponse:
         try:
+            self.pool.check_holder(request.lease_id, peer_identity(context))
             handles = self.pool.allocate(request.lease_id, request.job_key, request.n)
         except PoolError as e:
             if e.code is ErrorCode.RESOURCE_EXHAUSTED and self.metrics is not None:
@@ -96,6 +108,7 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
 
     def Free(self, request: pb.FreeRequest, context: grpc.ServicerContext) -> pb.FreeResponse:
         try:
+            self.pool.check_holder(request.lease_id, peer_identity(context))
             return pb.FreeResponse(num_freed=self.pool.free(request.lease_id, request.handles))
         except PoolError as e:
             _abort(context, e)
@@ -103,6 +116,7 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
     def FreeJob(self, request: pb.FreeJobRequest,
                 context: grpc.ServicerContext) -> pb.FreeJobResponse:
         try:
+            self.pool.check_holder(request.lease_id, peer_identity(context))
             return pb.FreeJobResponse(handles=self.pool.free_job(request.lease_id,
                                                                  request.job_key))
         except PoolError as e:
@@ -111,6 +125,7 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
     def Seal(self, request: pb.SealRequest, context: grpc.ServicerContext) -> pb.SealResponse:
         start = time.perf_counter()
         try:
+            self.pool.check_holder(request.lease_id, peer_identity(context))
             self.pool.seal(request.lease_id, request.handles, request.checksums)
         except PoolError as e:
             _abort(context, e)
@@ -123,6 +138,7 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
                      context: grpc.ServicerContext) -> pb.GetChecksumsResponse:
         start = time.perf_counter()
         try:
+            self.pool.check_holder(request.lease_id, peer_identity(context))
             sums = self.pool.checksums(request.lease_id, request.handles)
         except PoolError as e:
             _abort(context, e)
@@ -142,6 +158,7 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
             for chunk in request_iterator:
                 if lease_id is None:
                     lease_id = chunk.lease_id
+                    self.pool.check_holder(lease_id, peer_identity(context))
                 elif chunk.lease_id != lease_id:
                     raise PoolError(ErrorCode.INVALID_ARGUMENT,
                                     f"lease_id: {chunk.lease_id} differs from the stream's "
@@ -193,6 +210,7 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
         start = time.perf_counter()
         block_bytes = self.pool.block_bytes
         try:
+            self.pool.check_holder(request.lease_id, peer_identity(context))
             sums = self.pool.checksums(request.lease_id, request.handles)
             for handle, checksum in zip(request.handles, sums):
                 for offset in range(0, block_bytes, CHUNK_BYTES):

@@ -276,12 +276,13 @@ def test_serve_end_to_end(tmp_path):
         log.close()
 
 
-def test_tls_dir_gives_every_child_the_machine_certificate(tmp_path):
+def test_tls_dir_gives_every_child_a_certificate_of_its_own(tmp_path):
     args = build_parser().parse_args(["serve", "--tls-dir", str(tmp_path), "--insecure"])
-    for cmd in (cli_serve.kvstore_command(args), cli_serve.worker_command(args, "h:1"),
-                cli_serve.scheduler_command(args, "h:2")):
-        assert cmd[cmd.index("--tls-cert") + 1] == str(tmp_path / "node.pem")
-        assert cmd[cmd.index("--tls-key") + 1] == str(tmp_path / "node-key.pem")
+    for role, cmd in (("kvstore", cli_serve.kvstore_command(args)),
+                      ("worker", cli_serve.worker_command(args, "h:1")),
+                      ("scheduler", cli_serve.scheduler_command(args, "h:2"))):
+        assert cmd[cmd.index("--tls-cert") + 1] == str(tmp_path / f"{role}.pem")
+        assert cmd[cmd.index("--tls-key") + 1] == str(tmp_path / f"{role}-key.pem")
         assert cmd[cmd.index("--tls-ca") + 1] == str(tmp_path / "ca.pem")
         assert "--insecure" in cmd
     plain = build_parser().parse_args(["serve"])

@@ -2,7 +2,8 @@
 
 A store, a worker and a scheduler run with a local CA's certificate (``make_local_ca``);
 the client reaches the scheduler over TLS; a process without a certificate the CA signed
-cannot open a worker's Step stream, call Profile or Describe, or touch the store.
+cannot open a worker's Step stream, call Profile or Describe, or touch the store; a
+process with another certificate of the same CA cannot use the worker's store lease.
 """
 
 from __future__ import annotations
@@ -19,12 +20,20 @@ from fastserve.errors import Unavailable
 from fastserve.proto import kvstore_pb2 as kpb
 from fastserve.proto import kvstore_pb2_grpc, worker_pb2_grpc
 from fastserve.proto import worker_pb2 as wpb
-from fastserve.tls import CA_FILE, CERT_FILE, KEY_FILE, Tls, check_plaintext, make_local_ca
+from fastserve.tls import (
+    CA_FILE,
+    CERT_FILE,
+    KEY_FILE,
+    Tls,
+    cert_files,
+    check_plaintext,
+    make_local_ca,
+)
 
 
-def _flags(d):
-    return ["--tls-cert", str(d / CERT_FILE), "--tls-key", str(d / KEY_FILE),
-            "--tls-ca", str(d / CA_FILE)]
+def _flags(d, name="node"):
+    cert, key = cert_files(d, name)
+    return ["--tls-cert", cert, "--tls-key", key, "--tls-ca", str(d / CA_FILE)]
 
 
 def test_the_local_ca_makes_its_files_once_with_a_private_key(tmp_path):
@@ -44,7 +53,7 @@ def test_plaintext_is_refused_off_loopback_without_insecure():
 
 
 def test_tls_inside_and_out(tiny_tok_model, tmp_path):
-    d = make_local_ca(tmp_path / "tls")
+    d = make_local_ca(tmp_path / "tls", ("node", "intruder"))
     other = make_local_ca(tmp_path / "other")  # a CA the cluster does not trust
     store = start_kvstore(tmp_path, 64 << 20, *_flags(d))
     worker = start_worker(str(tiny_tok_model), tmp_path, 128, "worker", "--kvstore",
@@ -94,6 +103,32 @@ def test_tls_inside_and_out(tiny_tok_model, tmp_path):
         with grpc.secure_channel(store.address, mine.channel_credentials()) as ch:
             stats = kvstore_pb2_grpc.KVStoreStub(ch).Stats(kpb.StatsRequest(), timeout=5)
             assert [x.client_id for x in stats.leases] != []
+        # A lease serves only the certificate that registered it, even one of the same CA.
+        intruder = Tls.load(*cert_files(d, "intruder"), str(d / CA_FILE))
+        assert intruder is not None
+        with grpc.secure_channel(store.address, mine.channel_credentials()) as ch, \
+                grpc.secure_channel(store.address, intruder.channel_credentials()) as ich:
+            own, other_k = kvstore_pb2_grpc.KVStoreStub(ch), kvstore_pb2_grpc.KVStoreStub(ich)
+            lease = own.Register(kpb.RegisterRequest(client_id="holder",
+                                                     block_bytes=stats.block_bytes), timeout=5)
+            (handle,) = own.Allocate(kpb.AllocateRequest(lease_id=lease.lease_id, job_key=1,
+                                                         n=1), timeout=5).handles
+            lid = lease.lease_id
+            for name, call in (
+                    ("KeepAlive", lambda: other_k.KeepAlive(kpb.KeepAliveRequest(lease_id=lid))),
+                    ("Allocate", lambda: other_k.Allocate(kpb.AllocateRequest(lease_id=lid,
+                                                                              job_key=2, n=1))),
+                    ("Read", lambda: list(other_k.Read(kpb.ReadRequest(lease_id=lid,
+                                                                       handles=[handle])))),
+                    ("Free", lambda: other_k.Free(kpb.FreeRequest(lease_id=lid,
+                                                                  handles=[handle]))),
+                    ("Release", lambda: other_k.Release(kpb.ReleaseRequest(lease_id=lid)))):
+                with pytest.raises(grpc.RpcError) as err:
+                    call()
+                assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, name
+                assert "another client" in err.value.details()
+            freed = own.Release(kpb.ReleaseRequest(lease_id=lid), timeout=5).num_freed
+            assert freed == 1  # the holder's lease and block survived every attempt
     finally:
         if scheduler is not None:
             scheduler.stop()

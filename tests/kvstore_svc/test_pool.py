@@ -205,3 +205,14 @@ def test_bad_block_bytes_at_first_register_leaves_the_pool_unsized():
     assert segments == []
     with pytest.raises(ValueError, match="block_bytes"):
         BlockPool(100, ByteSegment, block_bytes=101)
+
+
+def test_a_lease_answers_only_its_holder():
+    pool, _, _ = make_pool()
+    lease = pool.register("worker-a", 64, holder="cert-a").lease_id
+    pool.check_holder(lease, "cert-a")
+    e = refused(ErrorCode.PERMISSION_DENIED, pool.check_holder, lease, "cert-b")
+    assert "another client" in e.message
+    refused(ErrorCode.PERMISSION_DENIED, pool.check_holder, lease, "")  # plaintext caller
+    unknown = refused(ErrorCode.NOT_FOUND, pool.check_holder, lease + 1, "cert-a")
+    assert unknown.lease_unknown
