@@ -76,6 +76,24 @@ class _Lease:
         return self.slots[handle & self.slot_mask]
 
 
+def _check_grant(r: pb.RegisterResponse, requested_block_bytes: int) -> None:
+    """Refuse a Register answer whose sizes this client cannot use safely (a store is another
+    process: what it says is checked before memory is mapped or indexed by it)."""
+    problems = []
+    if requested_block_bytes and r.block_bytes != requested_block_bytes:
+        problems.append(f"block_bytes {r.block_bytes}, not the {requested_block_bytes} asked")
+    if r.capacity_blocks < 1 or r.block_bytes < 1 or r.max_chunk_bytes < 1:
+        problems.append(f"capacity_blocks {r.capacity_blocks}, block_bytes {r.block_bytes}, "
+                        f"max_chunk_bytes {r.max_chunk_bytes}: each at least 1")
+    if not 1 <= r.slot_bits <= 62 or (1 << r.slot_bits) < r.capacity_blocks:
+        problems.append(f"slot_bits {r.slot_bits} cannot number {r.capacity_blocks} slots")
+    if r.segment_bytes != r.capacity_blocks * r.block_bytes:
+        problems.append(f"segment_bytes {r.segment_bytes}, not capacity_blocks x block_bytes")
+    if problems:
+        raise KVStoreError(grpc.StatusCode.FAILED_PRECONDITION,
+                           "the store's Register answer is unusable: " + "; ".join(problems))
+
+
 class KVStoreClient:
     """A lease on the store at ``address`` for blocks of ``block_bytes``.
 
@@ -300,6 +318,7 @@ class KVStoreClient:
                                     timeout=self.timeout_s, wait_for_ready=wait)
         except grpc.RpcError as e:
             raise self._error(e) from None
+        _check_grant(r, self._requested_block_bytes)
         slots = None
         if self.prefer_shm:
             try:
@@ -373,6 +392,12 @@ class KVStoreClient:
         lease = self._lease
         r = self._call(lease, self._stub.Allocate,
                        pb.AllocateRequest(lease_id=lease.lease_id, job_key=job_key, n=n))
+        slots = [h & lease.slot_mask for h in r.handles]
+        if len(r.handles) != n or len(set(slots)) != n or max(slots) >= lease.capacity_blocks:
+            raise KVStoreError(grpc.StatusCode.INTERNAL,
+                               f"the store's Allocate answered {len(r.handles)} handles for "
+                               f"n={n}, or handles outside its {lease.capacity_blocks} slots "
+                               "or sharing one: not used")
         with self._lock:
             if self._lease is not lease:  # another thread registered again meanwhile
                 raise _LeaseLost(grpc.StatusCode.NOT_FOUND,

@@ -146,6 +146,7 @@ class WorkerLoop:
             await asyncio.sleep(0.2)
             self.describe = await stub.Describe(wpb.DescribeRequest(), timeout=timeout_s)
         d = self.describe
+        wire.check_describe(d)
         if self.model is not None and d.model not in self.model and d.model_path not in self.model:
             raise WrongModel(f"worker {self.address} serves model {d.model!r} "
                              f"({d.model_path}), but this scheduler serves {self.model[0]!r} "
@@ -280,6 +281,7 @@ class WorkerLoop:
                 raise ConnectionError(f"worker answered step {msg.step_id}, which is not "
                                       f"in flight")
             plan, written, overhead = sent.pop(msg.step_id)
+            wire.check_result(plan, result, self.describe.vocab_size)
             self._pending.extend(core.update(msg.step_id, result, time.monotonic()))
             self._publish()
             self._report(plan, result.compute_time_s, last_read - written, overhead)

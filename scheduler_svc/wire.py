@@ -62,3 +62,40 @@ def result_from_proto(msg: wpb.StepResponse) -> StepResult:
         swap_refused=[e.job_id for e in msg.errors if e.code in SWAP_REFUSED],
         swap_wait_s=msg.swap_wait_s,
     )
+
+
+class BadWorkerReply(ConnectionError):
+    """A worker's Describe or Step answer that breaks the protocol: the worker is treated as
+    lost (its jobs fail with UNAVAILABLE and this message), never believed."""
+
+
+def check_describe(d: wpb.DescribeResponse) -> None:
+    """Refuse a Describe that no core can be built on (sizes, the eos ids)."""
+    for name, low in (("num_blocks", 1), ("block_size", 1), ("max_context", 2),
+                      ("vocab_size", 1)):
+        if getattr(d, name) < low:
+            raise BadWorkerReply(f"worker's Describe: {name} = {getattr(d, name)}, at least "
+                                 f"{low} expected")
+    bad = [t for t in d.eos_token_ids if not 0 <= t < d.vocab_size]
+    if bad:
+        raise BadWorkerReply(f"worker's Describe: eos_token_ids {bad[:4]} outside "
+                             f"[0, vocab_size={d.vocab_size})")
+
+
+def check_result(plan: StepPlan, result: StepResult, vocab_size: int) -> None:
+    """Refuse a Step answer that speaks of jobs the plan did not command, twice of one job,
+    or of token ids outside the vocabulary."""
+    commanded = {c.job_id: c.num_tokens for c in plan.commands}
+    seen: set[int] = set()
+    for r in result.results:
+        if r.job_id not in commanded or r.job_id in seen:
+            raise BadWorkerReply(f"worker answered step {plan.step_id} for job {r.job_id}, "
+                                 "which it did not command" if r.job_id not in commanded else
+                                 f"worker answered step {plan.step_id} twice for job {r.job_id}")
+        seen.add(r.job_id)
+        if r.token_id is not None and not 0 <= r.token_id < vocab_size:
+            raise BadWorkerReply(f"worker answered step {plan.step_id} with token id "
+                                 f"{r.token_id} for job {r.job_id}, outside [0, {vocab_size})")
+        if r.num_computed < 0:
+            raise BadWorkerReply(f"worker answered step {plan.step_id} with num_computed "
+                                 f"{r.num_computed} for job {r.job_id}")

@@ -9,7 +9,6 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
@@ -18,6 +17,7 @@ from fastserve.proto import scheduler_pb2_grpc
 from scheduler_svc.api.auth import ApiKeys
 from scheduler_svc.api.requests import build_job
 from scheduler_svc.api.text import IncrementalDetokenizer, InvalidRequest, TextModel
+from scheduler_svc.api.text_thread import TextThread
 from scheduler_svc.cluster import Cluster
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.contract import JobUpdate
@@ -41,6 +41,22 @@ _WORKER_STATS = (
     "prediction_mae_tokens",
 )
 
+def _next_text(detok: IncrementalDetokenizer, ids: list[int],
+               finish: bool) -> tuple[str, str, bool]:
+    """On the text-out thread: the text ``ids`` make safe to send (the rest too when
+    ``finish``), the stop string that ended it if any, and whether ``ids`` hit one."""
+    text = ""
+    if ids:
+        delta = detok.add(ids)
+        text = delta.text
+        if delta.stopped:
+            return text, delta.stop_string or "", True
+    if finish:
+        text += detok.finish()
+        return text, detok.stop_string or "", False
+    return text, "", False
+
+
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def __init__(self, config: SchedulerConfig, text: TextModel, cluster: Cluster,
                  model_name: str, on_finish=None, api_keys: ApiKeys | None = None):
@@ -52,8 +68,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._ids = itertools.count(1)
         self.api_keys = api_keys
         self._owners: dict[str, str] = {}  # live request id -> the key (id) that made it
-        # One thread: a fast tokenizer must not be entered by two threads at once.
-        self._text_thread = ThreadPoolExecutor(1, thread_name_prefix="fastserve-text")
+        # No tokenizer work on the event loop: prompts in on one thread, text out on another,
+        # each with a tokenizer of its own (a large prompt once froze every stream for 7.5 s).
+        self._text_in = TextThread(text, "fastserve-text-in")
+        self._text_out = TextThread(text, "fastserve-text-out")
 
     async def _owner(self, context: grpc.aio.ServicerContext) -> str:
         """The caller's key id ("" without keys); UNAUTHENTICATED without a known key."""
@@ -78,18 +96,17 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         request_id = request.request_id or uuid.uuid4().hex  # build_job bounds it
         limits = cluster.limits(group)
         try:
-            # Tokenizing and chat rendering run on the text thread, never on this loop: a
-            # large prompt once froze every stream for 7.5 s.
-            job, stop = await asyncio.get_running_loop().run_in_executor(
-                self._text_thread, functools.partial(
-                    build_job, request, job_id=next(self._ids), request_id=request_id,
-                    now=now, text=self.text, vocab_size=limits.vocab_size,
-                    max_context=limits.max_context,
-                    default_max_tokens=self.config.default_max_tokens,
-                    eos_token_ids=limits.eos_token_ids | self.text.eos_token_ids))
+            job, stop = await self._text_in.run(functools.partial(
+                build_job, request, job_id=next(self._ids), request_id=request_id,
+                now=now, text=self._text_in.text, vocab_size=limits.vocab_size,
+                max_context=limits.max_context,
+                default_max_tokens=self.config.default_max_tokens,
+                eos_token_ids=limits.eos_token_ids | self.text.eos_token_ids))
+            detok = await self._text_out.run(IncrementalDetokenizer, self._text_out.text,
+                                             job.prompt, stop)
         except InvalidRequest as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        # Checked after the await above, with no await until submit: two requests with one
+        # Checked after the awaits above, with no await until submit: two requests with one
         # id cannot both pass.
         if cluster.is_live(request_id):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
@@ -99,7 +116,6 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"the waiting queue is full ({self.config.max_waiting} requests); retry later",
             )
-        detok = IncrementalDetokenizer(self.text, job.prompt, stop)
         updates: asyncio.Queue[JobUpdate] = asyncio.Queue()
         cluster.submit(job, group, updates.put_nowait)
         self._owners[request_id] = owner
@@ -115,17 +131,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     ids += more.token_ids
                     lps += more.logprobs
                     finished = more.finished
-                text = ""
-                if ids:
-                    delta = detok.add(ids)
-                    text = delta.text
-                    if delta.stopped:
-                        stop_string = delta.stop_string or ""
-                        cluster.end(request_id, JobStatus.FINISHED_STOPPED)
-                        finished = True
-                if finished and not stop_string and job.status != JobStatus.FAILED:
-                    text += detok.finish()
-                    stop_string = detok.stop_string or ""
+                finish = finished and job.status != JobStatus.FAILED
+                text, stopped = "", False
+                if ids or finish:
+                    text, stop_string, stopped = await self._text_out.run(
+                        _next_text, detok, ids, finish)
+                if stopped:
+                    cluster.end(request_id, JobStatus.FINISHED_STOPPED)
+                    finished = True
                 if text or ids:
                     yield spb.GenerateResponse(
                         request_id=request_id,
