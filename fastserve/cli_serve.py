@@ -1,11 +1,14 @@
-"""`fastserve serve`: run a KV store, a worker and a scheduler on this machine until Ctrl-C.
+"""`fastserve serve`: run a KV store, a worker, a scheduler and the OpenAI HTTP API on this
+machine until Ctrl-C.
 
 The model is resolved first (pulled and converted once, progress on stderr). Then the node's
 KV store starts as a child process (unless ``--no-kvstore``), then the worker pointed at it,
-then the scheduler pointed at the worker; once all have printed their ready lines, one line
-goes to stdout: ``FastServe ready at HOST:PORT (policy P, model M)``. The children's logs pass
-through to stderr. Shutdown stops the scheduler first, so that no new work reaches the worker,
-then the worker, then the store (SIGTERM, then SIGKILL after 10 s), and exits 0. A child that
+then the scheduler pointed at the worker, then the HTTP front end pointed at the scheduler
+(unless ``--http-port -1``); once all have printed their ready lines, one line goes to stdout:
+``FastServe ready at HOST:PORT (policy P, model M; OpenAI API at http://HOST:PORT/v1)``. The
+children's logs pass through to stderr. Shutdown stops the front end and the scheduler first,
+so that no new work reaches the worker, then the worker, then the store (SIGTERM, then SIGKILL
+after 10 s), and exits 0. A child that
 dies on its own is started again on the same port after a backoff (1 s, doubled per restart
 within 10 minutes) while the others keep serving; one that dies a sixth time within 10
 minutes stops everything, and the command exits 1.
@@ -32,10 +35,12 @@ from scheduler_svc.config_args import add_config_args, config_argv, config_from_
 KVSTORE_READY = "kvstore listening on "
 WORKER_READY = "worker listening on "
 SCHEDULER_READY = "scheduler listening on "
+HTTP_READY = "http listening on "
 # The first start on CPU loads (and may profile) the model; later starts take seconds.
 KVSTORE_START_TIMEOUT_S = 60.0
 WORKER_START_TIMEOUT_S = 300.0
 SCHEDULER_START_TIMEOUT_S = 120.0
+HTTP_START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 TAIL_LINES = 20
 
@@ -81,6 +86,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kv-blocks", type=int, default=2048, help="worker KV pool size in blocks")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     p.add_argument("--worker-port", type=int, default=0, help="worker port (0 = pick one)")
+    p.add_argument("--http-port", type=int, default=8000,
+                   help="the OpenAI-compatible HTTP API's port, on --host (0 = pick one, "
+                        "-1 = none)")
     p.add_argument("--metrics-port", type=int, default=9400,
                    help="scheduler Prometheus port; the worker uses the next one "
                         "(0 = pick any, -1 = off)")
@@ -119,7 +127,7 @@ def kvstore_command(args: argparse.Namespace) -> list[str]:
 
 
 # Each child has a certificate of its own from ``--tls-dir`` (a store tells workers apart).
-TLS_ROLES = ("scheduler", "worker", "kvstore")
+TLS_ROLES = ("scheduler", "worker", "kvstore", "http")
 
 
 def tls_flags(args: argparse.Namespace, role: str) -> list[str]:
@@ -164,6 +172,21 @@ def scheduler_command(args: argparse.Namespace, workers: str) -> list[str]:
         *(["--api-keys", args.api_keys] if getattr(args, "api_keys", None) else []),
         *config_argv(args), *tls_flags(args, "scheduler"),
     ]
+
+
+def http_command(args: argparse.Namespace, scheduler: str) -> list[str]:
+    """The OpenAI HTTP front end's command line, in front of the ``scheduler`` address."""
+    cmd = [sys.executable, "-m", "openai_svc", "--scheduler", scheduler,
+           "--listen", f"{args.host}:{args.http_port}", "--model", args.model,
+           "--log-level", getattr(args, "log_level", "INFO")]
+    if getattr(args, "insecure", False):
+        cmd.append("--insecure")
+    d = getattr(args, "tls_dir", None)
+    if d:
+        cert, key = cert_files(d, "http")
+        cmd += ["--tls-cert", cert, "--tls-key", key,
+                "--scheduler-ca", str(pathlib.Path(d) / CA_FILE)]
+    return cmd
 
 
 def start_child(cmd: list[str], ready_prefix: str, timeout: float, *, name: str = "child",
@@ -240,7 +263,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     finally:
-        for name, child in reversed(children):  # scheduler, then worker, then store
+        for name, child in reversed(children):  # http, scheduler, worker, then store
             if child.poll() is None:
                 print(f"stopping {name}", file=sys.stderr)
             stop_child(child)
@@ -268,8 +291,15 @@ def _supervise(args: argparse.Namespace, stop: threading.Event,
                            WORKER_START_TIMEOUT_S)
     address = start("scheduler", scheduler_command(args, worker_address), SCHEDULER_READY,
                     SCHEDULER_START_TIMEOUT_S)
+    http = ""
+    if args.http_port >= 0:
+        http_address = start("http", http_command(args, address), HTTP_READY,
+                             HTTP_START_TIMEOUT_S)
+        scheme = "https" if getattr(args, "tls_dir", None) else "http"
+        http = f"; OpenAI API at {scheme}://{http_address}/v1"
     policy = config_from_args(args).policy
-    print(f"FastServe ready at {address} (policy {policy}, model {args.model})", flush=True)
+    print(f"FastServe ready at {address} (policy {policy}, model {args.model}{http})",
+          flush=True)
     restarts = Restarts(RESTART_LIMIT, RESTART_WINDOW_S, RESTART_BACKOFF_S)
     while not stop.wait(0.5):
         for i, (name, child) in enumerate(children):

@@ -78,6 +78,13 @@ def start_scheduler(model: str, workers: list[str], log_dir: pathlib.Path, *extr
                           log_dir / f"{name}.log")
 
 
+def start_http(scheduler: str, log_dir: pathlib.Path, *extra: str,
+               name: str = "http") -> ServiceProcess:
+    """``python -m openai_svc`` in front of ``scheduler``, on a free port."""
+    args = ["--scheduler", scheduler, "--listen", "127.0.0.1:0", *extra]
+    return ServiceProcess("openai_svc", args, "http listening on", log_dir / f"{name}.log")
+
+
 def scrape_metrics(port: int) -> dict[tuple[str, frozenset], float]:
     """Every sample on a service's ``/metrics``, keyed by sample name and labels."""
     from prometheus_client.parser import text_string_to_metric_families

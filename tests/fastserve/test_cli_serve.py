@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 
+import httpx
 import pytest
 from procs import free_port
 
@@ -110,6 +111,7 @@ def _serve_with_fakes(monkeypatch, fake, scheduler_mode: str, argv: list[str]):
 
     monkeypatch.setattr(cli_serve, "worker_command", worker_command)
     monkeypatch.setattr(cli_serve, "kvstore_command", lambda args: fake("kvstore"))
+    monkeypatch.setattr(cli_serve, "http_command", lambda args, scheduler: fake("http"))
     monkeypatch.setattr("fastserve.models.resolve_model", lambda model, progress=True: model)
     args = build_parser().parse_args(["serve", *argv])
     return args.func(args), seen
@@ -130,11 +132,13 @@ def test_serve_stops_the_scheduler_then_the_worker_then_the_store_on_sigterm(mon
     code, seen = _serve_with_fakes(monkeypatch, fake, "ok",
                                    ["--port", "0", "--policy", "rtc", "--max-waiting", "8"])
     assert code == 0
-    assert fake.events() == ["kvstore ready", "worker ready", "scheduler ready",
-                             "scheduler stopped", "worker stopped", "kvstore stopped"]
+    assert fake.events() == ["kvstore ready", "worker ready", "scheduler ready", "http ready",
+                             "http stopped", "scheduler stopped", "worker stopped",
+                             "kvstore stopped"]
     assert seen["worker_kvstore"] == "127.0.0.1:4242"
     out = capsys.readouterr().out
     assert out.startswith("FastServe ready at 127.0.0.1:4242 (policy rtc, model ")
+    assert "; OpenAI API at http://127.0.0.1:4242/v1)" in out
     cmd = seen["real"]
     assert cmd[cmd.index("--workers") + 1] == "127.0.0.1:4242"
     assert cmd[cmd.index("--listen") + 1] == "127.0.0.1:0"
@@ -154,9 +158,9 @@ def test_serve_restarts_a_child_that_dies_and_keeps_the_others(monkeypatch, fake
     threading.Thread(target=terminate_when_restarted, daemon=True).start()
     code, _ = _serve_with_fakes(monkeypatch, fake, "crash-once", ["--port", "0"])
     assert code == 0
-    assert fake.events() == ["kvstore ready", "worker ready", "scheduler ready",
-                             "scheduler ready", "scheduler stopped", "worker stopped",
-                             "kvstore stopped"]
+    assert fake.events() == ["kvstore ready", "worker ready", "scheduler ready", "http ready",
+                             "scheduler ready", "http stopped", "scheduler stopped",
+                             "worker stopped", "kvstore stopped"]
     err = capsys.readouterr().err
     assert "scheduler exited unexpectedly with code 1; restarting it in 0 s" in err
     assert "scheduler restarted" in err
@@ -221,7 +225,8 @@ def test_serve_end_to_end(tmp_path):
     log = (tmp_path / "serve.log").open("w+")
     serve = subprocess.Popen(
         [sys.executable, "-m", "fastserve.cli", "serve", "--port", str(port), "--metrics-port",
-         "-1", "--kv-blocks", "256"], stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT)
+         "-1", "--kv-blocks", "256", "--http-port", "0"], stdout=subprocess.PIPE, stderr=log,
+        text=True, cwd=ROOT)
     try:
         ready: list[str] = []
         reader = threading.Thread(target=lambda: ready.append(serve.stdout.readline()),
@@ -233,7 +238,13 @@ def test_serve_end_to_end(tmp_path):
         address = f"127.0.0.1:{port}"
         assert address in ready[0]
         children = _children(serve.pid)
-        assert len(children) == 3  # KV store, worker, scheduler
+        assert len(children) == 4  # KV store, worker, scheduler, HTTP front end
+        http = ready[0].split("OpenAI API at ")[1].rstrip(")\n")
+        models = httpx.get(f"{http}/models", timeout=10).json()
+        r = httpx.post(f"{http}/chat/completions", timeout=60, json={
+            "model": models["data"][0]["id"], "max_tokens": 20, "temperature": 0,
+            "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+        assert r.status_code == 200 and "Paris" in r.json()["choices"][0]["message"]["content"]
 
         status = _cli("status", "--json", "--address", address)
         assert status.returncode == 0, status.stderr
@@ -261,10 +272,10 @@ def test_serve_end_to_end(tmp_path):
             print(f"{module} killed: answering again after {time.monotonic() - killed:.1f} s")
             assert serve.poll() is None
         deadline = time.monotonic() + 60  # the store comes back after its backoff
-        while len(_children(serve.pid)) < 3 and time.monotonic() < deadline:
+        while len(_children(serve.pid)) < 4 and time.monotonic() < deadline:
             time.sleep(0.5)
         children = _children(serve.pid)
-        assert len(children) == 3, log.read()[-4000:]
+        assert len(children) == 4, log.read()[-4000:]
 
         serve.send_signal(signal.SIGTERM)
         assert serve.wait(timeout=30) == 0
@@ -285,5 +296,9 @@ def test_tls_dir_gives_every_child_a_certificate_of_its_own(tmp_path):
         assert cmd[cmd.index("--tls-key") + 1] == str(tmp_path / f"{role}-key.pem")
         assert cmd[cmd.index("--tls-ca") + 1] == str(tmp_path / "ca.pem")
         assert "--insecure" in cmd
+    http = cli_serve.http_command(args, "h:3")
+    assert http[http.index("--tls-cert") + 1] == str(tmp_path / "http.pem")
+    assert http[http.index("--scheduler-ca") + 1] == str(tmp_path / "ca.pem")
+    assert http[http.index("--scheduler") + 1] == "h:3" and "--insecure" in http
     plain = build_parser().parse_args(["serve"])
     assert "--tls-cert" not in cli_serve.scheduler_command(plain, "h:2")
