@@ -31,7 +31,7 @@ _PARAM = {"sampling.max_tokens": "max_tokens", "sampling.temperature": "temperat
           "sampling.stop": "stop", "text": "prompt", "token_ids.ids": "prompt",
           "chat.messages": "messages", "chat": "messages", "prompt": "prompt",
           "request_id": "request_id"}
-_FIELD = re.compile(r"^([a-z_][a-z_.\[\]0-9]*?)(?:\[\d+\])?(?:\.role)?[: ]")
+_FIELD = re.compile(r"^([a-z_.]+)")
 
 
 class ApiError(Exception):
@@ -60,5 +60,5 @@ def from_rpc(e: grpc.RpcError) -> ApiError:
     status = HTTP_OF.get(code, 500)
     param = None
     if status == 400 and (m := _FIELD.match(details)):
-        param = _PARAM.get(m.group(1), m.group(1))
+        param = _PARAM.get(m.group(1).rstrip("."))
     return ApiError(status, details, param, code.name.lower())
