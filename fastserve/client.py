@@ -111,6 +111,7 @@ class GenerateOptions(TypedDict, total=False):
     seed: int
     stop: str | Iterable[str]
     ignore_eos: bool
+    min_tokens: int
     request_id: str
 
 
@@ -119,14 +120,15 @@ def _request(
     messages: Iterable[Mapping[str, str]] | None = None,
     max_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None,
     top_k: int | None = None, seed: int | None = None, stop: str | Iterable[str] | None = None,
-    ignore_eos: bool = False, request_id: str | None = None,
+    ignore_eos: bool = False, min_tokens: int | None = None, request_id: str | None = None,
 ) -> pb.GenerateRequest:
     if (prompt is None) == (messages is None):
         raise ValueError("pass exactly one of prompt (text or token ids) and messages")
     stops = [stop] if isinstance(stop, str) else list(stop or ())
     sampling = pb.SamplingOptions(stop=stops, ignore_eos=ignore_eos)
     for name, value in (("max_tokens", max_tokens), ("temperature", temperature),
-                        ("top_p", top_p), ("top_k", top_k), ("seed", seed)):
+                        ("top_p", top_p), ("top_k", top_k), ("seed", seed),
+                        ("min_tokens", min_tokens)):
         if value is not None:
             setattr(sampling, name, value)
     req = pb.GenerateRequest(sampling=sampling, request_id=request_id or uuid.uuid4().hex)

@@ -3,9 +3,9 @@
 Types are checked here (pydantic: a wrong type is a 400 naming the field); values (ranges,
 sizes, the context) are checked by the scheduler, the one place that knows the model. What
 the engine cannot do is refused here by name rather than silently ignored: ``n`` other than
-1, penalties, ``logit_bias``, ``echo``, ``suffix``, ``best_of``, ``top_logprobs`` and a
-completion's ``logprobs`` above 0 (the engine returns the sampled token's logprob only), and
-``min_tokens`` above 0. Unknown fields are ignored, as OpenAI's own API does. ``priority`` is
+1, penalties, ``logit_bias``, ``echo``, ``suffix``, ``best_of``, and ``top_logprobs`` and a
+completion's ``logprobs`` above 0 (the engine returns the sampled token's logprob only).
+Unknown fields are ignored, as OpenAI's own API does. ``priority`` is
 accepted and has no effect: no FastServe policy takes a client's priority.
 """
 
@@ -42,7 +42,7 @@ class _Common(BaseModel):
     # vLLM's extensions that clients and benchmarks rely on.
     ignore_eos: bool = False
     top_k: int | None = None
-    min_tokens: int = 0
+    min_tokens: int | None = None
     priority: int = 0
     request_id: str | None = None
 
@@ -50,8 +50,7 @@ class _Common(BaseModel):
         return self.stream_options is not None and self.stream_options.include_usage
 
     def _refuse_unsupported(self) -> None:
-        for name, default in (("n", 1), ("presence_penalty", 0.0), ("frequency_penalty", 0.0),
-                              ("min_tokens", 0)):
+        for name, default in (("n", 1), ("presence_penalty", 0.0), ("frequency_penalty", 0.0)):
             value = getattr(self, name)
             if value != default:
                 raise ApiError(400, f"{name}: only {default} is supported, got {value}", name)
@@ -64,7 +63,8 @@ class _Common(BaseModel):
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
         s = spb.SamplingOptions(stop=stops, ignore_eos=self.ignore_eos)
         for name, value in (("max_tokens", max_tokens), ("temperature", self.temperature),
-                            ("top_p", self.top_p), ("top_k", self.top_k), ("seed", self.seed)):
+                            ("top_p", self.top_p), ("top_k", self.top_k), ("seed", self.seed),
+                            ("min_tokens", self.min_tokens)):
             if value is not None:
                 setattr(s, name, value)
         return s

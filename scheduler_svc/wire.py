@@ -8,7 +8,8 @@ from scheduler_svc.core.job import Sampling
 
 
 def sampling_to_proto(s: Sampling) -> wpb.SamplingParams:
-    msg = wpb.SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
+    msg = wpb.SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                             min_tokens=s.min_tokens, suppress_token_ids=s.suppress)
     if s.seed is not None:
         msg.seed = s.seed
     return msg

@@ -25,6 +25,8 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     seed: int | None = None
+    min_tokens: int = 0  # ``suppress`` ids are not sampled before the job has made this many
+    suppress: tuple[int, ...] = ()
 
     def validate(self, vocab_size: int) -> str | None:
         """Why these parameters are unusable, or None."""
@@ -36,6 +38,11 @@ class SamplingParams:
             return f"top_k must be >= 0, got {self.top_k}"
         if self.top_k > vocab_size:
             return f"top_k must be <= vocab size {vocab_size}, got {self.top_k}"
+        if self.min_tokens < 0:
+            return f"min_tokens must be >= 0, got {self.min_tokens}"
+        bad = [t for t in self.suppress if not 0 <= t < vocab_size]
+        if bad:
+            return f"suppress_token_ids {bad[:4]} outside [0, {vocab_size})"
         return None
 
     @property
@@ -55,12 +62,19 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], steps: list[int],
            default_seeds: list[int]) -> tuple[list[int], list[float], dict[int, str]]:
     """Pick one token per row of ``logits`` ``[S, vocab]`` (float32).
 
-    Returns the token ids and their log-probabilities under the model's unmodified
-    distribution (temperature 1, no truncation), as OpenAI-style APIs report them, and the
-    rows that could not be sampled (row -> why): only their jobs fail, never the batch.
+    ``steps[i]`` is how many tokens row i's job has made (a job short of its ``min_tokens``
+    samples none of its ``suppress`` ids). Returns the token ids and their log-probabilities
+    under the model's unmodified distribution (temperature 1, no truncation, nothing
+    suppressed), as OpenAI-style APIs report them, and the rows that could not be sampled
+    (row -> why): only their jobs fail, never the batch.
     """
     failed: dict[int, str] = {}
     logprobs_all = torch.log_softmax(logits, dim=-1)
+    held = [i for i, p in enumerate(params) if p.suppress and steps[i] < p.min_tokens]
+    if held:  # not yet min_tokens: their end-of-sequence ids cannot be picked
+        logits = logits.clone()
+        for i in held:
+            logits[i, list(params[i].suppress)] = float("-inf")
     tokens = torch.argmax(logits, dim=-1)
     sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
     if sampled_rows:

@@ -30,12 +30,15 @@ def sampling_from_proto(msg: pb.SamplingParams) -> SamplingParams:
         top_p=msg.top_p if msg.top_p != 0.0 else 1.0,
         top_k=msg.top_k,
         seed=msg.seed if msg.HasField("seed") else None,
+        min_tokens=msg.min_tokens,
+        suppress=tuple(msg.suppress_token_ids),
     )
 
 
 def sampling_to_proto(params: SamplingParams) -> pb.SamplingParams:
     return pb.SamplingParams(
-        temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, seed=params.seed
+        temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+        seed=params.seed, min_tokens=params.min_tokens, suppress_token_ids=params.suppress,
     )
 
 

@@ -107,6 +107,10 @@ def build_job(request: spb.GenerateRequest, *, job_id: int, request_id: str, now
     if not 0 <= top_k <= vocab_size:
         raise InvalidRequest("sampling.top_k",
                              f"sampling.top_k must be in [0, {vocab_size}], got {top_k}")
+    min_tokens = s.min_tokens if s.HasField("min_tokens") else 0
+    if not 0 <= min_tokens <= max_tokens:
+        raise InvalidRequest("sampling.min_tokens", f"sampling.min_tokens must be in [0, "
+                             f"max_tokens={max_tokens}], got {min_tokens}")
     stop = list(s.stop)
     validate_stop(stop)
     job = Job(
@@ -114,7 +118,8 @@ def build_job(request: spb.GenerateRequest, *, job_id: int, request_id: str, now
         prompt=prompt,
         max_tokens=max_tokens,
         arrival_time=now,
-        sampling=Sampling(temperature, top_p, top_k, s.seed if s.HasField("seed") else None),
+        sampling=Sampling(temperature, top_p, top_k, s.seed if s.HasField("seed") else None,
+                          min_tokens, tuple(sorted(eos_token_ids)) if min_tokens else ()),
         request_id=request_id,
         eos_token_ids=eos_token_ids,
         ignore_eos=s.ignore_eos,

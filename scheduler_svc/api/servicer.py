@@ -102,8 +102,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 max_context=limits.max_context,
                 default_max_tokens=self.config.default_max_tokens,
                 eos_token_ids=limits.eos_token_ids | self.text.eos_token_ids))
-            detok = await self._text_out.run(IncrementalDetokenizer, self._text_out.text,
-                                             job.prompt, stop)
+            detok = await self._text_out.run(functools.partial(
+                IncrementalDetokenizer, self._text_out.text, job.prompt, stop,
+                min_tokens=job.sampling.min_tokens))
         except InvalidRequest as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         # Checked after the awaits above, with no await until submit: two requests with one

@@ -168,8 +168,11 @@ class IncrementalDetokenizer:
         prompt_token_ids: Sequence[int],
         stop: Sequence[str] = (),
         skip_special_tokens: bool = True,
+        min_tokens: int = 0,
     ) -> None:
-        """Seed the window with the prompt's last tokens; ``stop`` must be non-empty strings."""
+        """Seed the window with the prompt's last tokens; ``stop`` must be non-empty strings.
+        The text of the first ``min_tokens - 1`` tokens is never searched for them (vLLM's
+        min_tokens: a stop string ends the output only once it has that many tokens)."""
         if any(not s for s in stop):
             raise InvalidRequest("sampling.stop", "stop strings must be non-empty")
         self._model = text_model
@@ -187,6 +190,8 @@ class IncrementalDetokenizer:
         self._emitted: list[str] = []
         self._stop_string: str | None = None
         self._finished = False
+        self._min_tokens = min_tokens
+        self._count = 0  # output tokens added
 
     @property
     def text(self) -> str:
@@ -203,16 +208,22 @@ class IncrementalDetokenizer:
         assert not self._finished, "add() after finish()"
         if self._stop_string is not None:
             return Delta("", True, self._stop_string)
-        new = []
+        free, new = [], []  # text before min_tokens (not searched), and after
         for token_id in token_ids:
             self._window.append(token_id)
+            self._count += 1
             full = self._decode(self._window)
             if len(full) > len(self._prefix_text) and not full.endswith(_REPLACEMENT):
-                new.append(full[len(self._prefix_text) :])
+                (free if self._count < self._min_tokens else new).append(
+                    full[len(self._prefix_text) :])
                 del self._window[: self._read]
                 self._read = len(self._window)
                 self._prefix_text = self._decode(self._window)
-        return self._release("".join(new), final=False)
+        if not free:
+            return self._release("".join(new), final=False)
+        self._emitted.append("".join(free))
+        delta = self._release("".join(new), final=False)
+        return Delta("".join(free) + delta.text, delta.stopped, delta.stop_string)
 
     def finish(self) -> str:
         """End of generation (eos or length): return the rest, incomplete bytes included.

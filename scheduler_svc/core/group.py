@@ -270,7 +270,8 @@ class GroupCore:
 
     def finish_status(self, job: Job) -> JobStatus | None:
         """How ``job`` ends after its last token, or None while it goes on."""
-        if not job.ignore_eos and job.output[-1] in job.eos_token_ids:
+        if (not job.ignore_eos and job.output[-1] in job.eos_token_ids
+                and len(job.output) >= job.sampling.min_tokens):
             return JobStatus.FINISHED_STOPPED
         if len(job.output) >= job.max_tokens or job.num_tokens >= self.max_context:
             return JobStatus.FINISHED_LENGTH

@@ -40,6 +40,10 @@ class Sampling:
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    # No token of ``suppress`` (the job's end-of-sequence ids) is sampled before the job has
+    # made ``min_tokens``.
+    min_tokens: int = 0
+    suppress: tuple[int, ...] = ()
 
 
 @dataclass(eq=False)

@@ -150,7 +150,7 @@ BAD = [
     ({"echo": True}, "echo", "not supported"),
     ({"seed": -1}, "seed", ">= 0"),
     ({"request_id": "r" * 300}, "request_id", "limit is 256"),
-    ({"min_tokens": 4}, "min_tokens", "only 0"),
+    ({"min_tokens": 5}, "min_tokens", "[0, max_tokens=4]"),
 ]
 
 

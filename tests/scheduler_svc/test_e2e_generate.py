@@ -92,3 +92,17 @@ def test_stop_string_spanning_tokens_is_not_returned(smol_cluster):
         greedy(_prompts(3)[2], 24, ignore_eos=True, stop=[stop])))
     assert text == full[: full.index(stop)]
     assert final.finish_reason == spb.FINISH_REASON_STOP and final.stop_string == stop
+
+
+def test_min_tokens_holds_the_end_of_sequence_back(smol_cluster):
+    chat = spb.ChatMessages(messages=[spb.ChatMessage(role="user",
+                                                      content="What is the capital of France?")])
+    _, base, final = collect(smol_cluster.stub.Generate(spb.GenerateRequest(
+        chat=chat, sampling=spb.SamplingOptions(max_tokens=40, temperature=0.0))))
+    assert final.finish_reason == spb.FINISH_REASON_STOP and len(base) < 30
+    _, ids, final = collect(smol_cluster.stub.Generate(spb.GenerateRequest(
+        chat=chat, sampling=spb.SamplingOptions(max_tokens=40, temperature=0.0,
+                                                min_tokens=30))))
+    assert final.usage.completion_tokens >= 30
+    k = len(base) - 1  # the same greedy tokens up to where the first run's eos came
+    assert ids[:k] == base[:k]

@@ -121,6 +121,18 @@ def test_stop_spanning_tokens_is_caught_when_it_completes(tm):
     assert detok.finish() == "" and detok.stop_string == stop
 
 
+@pytest.mark.parametrize("chunk", [1, 100])
+def test_a_stop_string_before_min_tokens_does_not_end_the_output(tm, chunk):
+    ids = tm.encode("STOP here, then STOP again")
+    first_after = next(n for n in range(1, len(ids)) if "STOP" in tm.decode(ids[3:n]))
+    detok = IncrementalDetokenizer(tm, [], ["STOP"], min_tokens=3)
+    text = "".join(detok.add(ids[i:i + chunk]).text for i in range(0, len(ids), chunk))
+    # The first STOP lies in the first two tokens: emitted; the second ends the output.
+    assert detok.stop_string == "STOP"
+    assert text == tm.decode(ids)[: tm.decode(ids).index("STOP", 1)]
+    assert first_after > 3
+
+
 @pytest.mark.slow
 def test_partial_match_is_held_then_released(tm):
     detok = IncrementalDetokenizer(tm, [], ["STOP"])

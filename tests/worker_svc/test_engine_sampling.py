@@ -182,3 +182,20 @@ def _cmd(job_id, n):
     from worker_svc.engine import JobCommand
 
     return JobCommand(job_id, n, [])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_min_tokens_keeps_eos_out_until_reached_and_logprobs_unmasked(temperature):
+    logits = torch.full((3, 8), -5.0)
+    logits[:, 2] = 10.0  # the end-of-sequence id is by far the likeliest in every row
+    params = [SamplingParams(temperature, min_tokens=4, suppress=(2,), seed=1)] * 3
+    tokens, lps, failed = sample(logits, params, [0, 3, 4], [1, 2, 3])
+    assert not failed
+    assert tokens[0] != 2 and tokens[1] != 2  # 0 and 3 tokens made: not yet
+    assert tokens[2] == 2  # the fifth token may end it
+    want = torch.log_softmax(logits, dim=-1)
+    assert lps[0] == pytest.approx(want[0, tokens[0]].item())
+
+
+def test_suppressed_ids_outside_the_vocabulary_are_named():
+    assert "suppress_token_ids" in SamplingParams(min_tokens=1, suppress=(99,)).validate(8)
