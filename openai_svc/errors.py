@@ -28,7 +28,8 @@ TYPE_OF = {400: "invalid_request_error", 401: "authentication_error",
 # The scheduler's field names, then the OpenAI parameter they come from.
 _PARAM = {"sampling.max_tokens": "max_tokens", "sampling.temperature": "temperature",
           "sampling.top_p": "top_p", "sampling.top_k": "top_k", "sampling.seed": "seed",
-          "sampling.stop": "stop", "sampling.min_tokens": "min_tokens", "text": "prompt", "token_ids.ids": "prompt",
+          "sampling.stop": "stop", "sampling.min_tokens": "min_tokens", "text": "prompt",
+          "token_ids.ids": "prompt",
           "chat.messages": "messages", "chat": "messages", "prompt": "prompt",
           "request_id": "request_id"}
 _FIELD = re.compile(r"^([a-z_.]+)")
