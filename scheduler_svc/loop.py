@@ -106,6 +106,10 @@ class WorkerLoop:
         self._task: asyncio.Task | None = None
         self._pending: list[JobUpdate] = []  # applied to the core, not yet streamed
         self._core_layout: tuple | None = None  # layout() of the worker the core was built for
+        # Set by the cluster layer: a lost worker's live jobs go to ``on_lost(loop, moved,
+        # why)`` as (job, sink) pairs instead of failing; ``on_ready(loop)`` once it serves.
+        self.on_lost: Callable[[WorkerLoop, list, str], None] | None = None
+        self.on_ready: Callable[[WorkerLoop], None] | None = None
 
     @property
     def ready(self) -> bool:
@@ -223,6 +227,8 @@ class WorkerLoop:
                 if not self.ready:
                     await self.connect()
                     log.info("worker %s ready: %s", self.address, self.describe.model)
+                    if self.on_ready is not None:
+                        self.on_ready(self)
                 await self._serve_stream()
             except asyncio.CancelledError:
                 raise
@@ -235,14 +241,21 @@ class WorkerLoop:
             log.error("worker %s lost: %s", self.address, why)
         self.state = "failed"
         self.error = why
-        self._dispatch()
-        if self.core is not None:
+        self._dispatch()  # every token the worker answered reaches its stream first
+        if self.core is None:
+            return
+        if self.on_lost is not None:  # the jobs live on elsewhere: a pause, not an error
+            moved = [(job, self.sinks.pop(job.job_id)) for job in self.core.evacuate()
+                     if job.job_id in self.sinks]
+            self.sinks.clear()
+            self.on_lost(self, moved, why)
+        else:
             for job in self.core.fail_all(f"worker {self.address} unavailable: {why}",
                                           time.monotonic()):
                 sink = self.sinks.pop(job.job_id, None)
                 if sink is not None:
                     sink(JobUpdate(job, [], [], True))
-            self._publish()
+        self._publish()
 
     async def _serve_stream(self) -> None:
         assert self._channel is not None and self.core is not None

@@ -61,7 +61,8 @@ async def create_service(config: SchedulerConfig, model_path: str, model_name: s
     await asyncio.gather(*(lp.connect(connect_timeout_s) for lp in loops))
     for lp in loops:
         lp.start()
-    servicer = SchedulerServicer(config, text, Cluster(loops), model_name,
+    cluster = Cluster(loops, config.worker_loss_wait_s)
+    servicer = SchedulerServicer(config, text, cluster, model_name,
                                  on_finish=metrics.observe_finished if metrics else None,
                                  api_keys=api_keys)
     server = grpc.aio.server(interceptors=[DecodeGuard(("fastserve.",))])

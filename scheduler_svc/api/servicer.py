@@ -38,7 +38,7 @@ _WORKER_STATS = (
     "num_blocks", "num_used_blocks", "num_iterations", "num_preemptions", "num_recomputes",
     "num_demotions", "num_promotions", "store_blocks", "store_used_blocks", "num_offloaded",
     "num_swap_outs", "num_swap_ins", "num_kv_lost", "swap_wait_s", "num_predicted",
-    "prediction_mae_tokens",
+    "prediction_mae_tokens", "num_running", "num_waiting",
 )
 
 def _next_text(detok: IncrementalDetokenizer, ids: list[int],
@@ -202,4 +202,5 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     queues[name] = queues.get(name, 0) + n
             resp.workers.append(w)
         resp.queues.extend(spb.QueueStatus(name=k, num_jobs=v) for k, v in queues.items())
+        resp.num_orphaned = self.cluster.num_orphaned
         return resp

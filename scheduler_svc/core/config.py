@@ -32,6 +32,10 @@ class SchedulerConfig:
     max_waiting: int = setting(
         1024, "admitted jobs that have not started yet; beyond this Generate is refused at once")
     default_max_tokens: int = setting(256, "max_tokens when the request does not say")
+    worker_loss_wait_s: float = setting(
+        120.0, "how long the jobs of a lost worker wait for a worker to take them (another, "
+        "or the same one back) before they fail with UNAVAILABLE; with another ready they "
+        "move at once")
     watermark: float = setting(
         0.01, "free KV blocks kept back from new jobs, as a fraction of the pool, so running "
         "jobs can still grow by a block without preempting anyone")
@@ -75,6 +79,7 @@ class SchedulerConfig:
         check("max_batched_tokens", self.max_batched_tokens >= 1, ">= 1")
         check("max_waiting", self.max_waiting >= 0, ">= 0")
         check("default_max_tokens", self.default_max_tokens >= 1, ">= 1")
+        check("worker_loss_wait_s", self.worker_loss_wait_s >= 0, ">= 0")
         check("watermark", 0.0 <= self.watermark < 1.0, "in [0, 1)")
         check("mlfq_num_queues", 1 <= self.mlfq_num_queues <= 64, "in [1, 64]")
         check("mlfq_ratio", self.mlfq_ratio > 1.0, "> 1")

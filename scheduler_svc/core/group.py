@@ -120,6 +120,20 @@ class GroupCore:
             self.finish(job, JobStatus.CANCELLED, now)
         return job
 
+    def evacuate(self) -> list[Job]:
+        """The worker is gone, its jobs are not: every live job leaves this group with its
+        prompt and output (another group recomputes its KV); nothing is left to free on the
+        worker, and no Step in flight will answer."""
+        jobs = list(self.jobs.values())
+        self._in_flight.clear()
+        self._busy.clear()
+        for job in jobs:
+            job.kv.on_worker = False
+            self.detach(job)
+        self._pending_frees.clear()
+        self.kv.forget_outgoing()
+        return jobs
+
     def fail_all(self, error: str, now: float) -> list[Job]:
         """The worker is gone: every live job fails; nothing is left to free on it."""
         failed = list(self.jobs.values())

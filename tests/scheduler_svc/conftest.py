@@ -47,6 +47,6 @@ def smol_cluster(default_model_dir, tmp_path_factory):
 def tiny_cluster(tiny_tok_model, tmp_path):
     """A fresh cluster per test: tests here kill and overload it."""
     cluster = start_cluster(tiny_tok_model, tmp_path, 256, "--max-waiting", "4",
-                            "--max-batch-size", "4")
+                            "--max-batch-size", "4", "--worker-loss-wait-s", "1")
     yield cluster
     cluster.close()

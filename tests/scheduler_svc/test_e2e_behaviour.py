@@ -190,6 +190,7 @@ def test_full_waiting_queue_is_refused_at_once(tiny_cluster):
 
 
 def test_killed_worker_fails_streams_with_unavailable(tiny_cluster):
+    """With no worker to move to and none back within --worker-loss-wait-s (1 s here)."""
     stub = tiny_cluster.stub
     streams = [stub.Generate(long_request(max_tokens=2000)) for _ in range(3)]
     for s in streams:
