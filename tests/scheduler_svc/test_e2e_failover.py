@@ -6,13 +6,12 @@ from __future__ import annotations
 import threading
 import time
 
+import grpc
 import pytest
 from procs import free_port, start_scheduler, start_worker
 
 from fastserve.proto import scheduler_pb2 as spb
 from fastserve.proto import scheduler_pb2_grpc
-
-import grpc
 
 PROMPT = "Once upon a time, in a quiet harbor town"
 TOKENS = 1200
