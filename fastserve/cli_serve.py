@@ -85,7 +85,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--kv-blocks", type=int, default=2048, help="worker KV pool size in blocks")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
-    p.add_argument("--worker-port", type=int, default=0, help="worker port (0 = pick one)")
+    p.add_argument("--worker-port", type=int, default=0,
+                   help="worker port (0 = pick one; with --replicas, the first of consecutive "
+                        "ports)")
+    p.add_argument("--replicas", type=int, default=1,
+                   help="workers, each with the whole model and a KV pool of its own, behind "
+                        "the one scheduler (which places each request on the least loaded); "
+                        "they share the node's KV store")
     p.add_argument("--http-port", type=int, default=8000,
                    help="the OpenAI-compatible HTTP API's port, on --host (0 = pick one, "
                         "-1 = none)")
@@ -141,13 +147,18 @@ def tls_flags(args: argparse.Namespace, role: str) -> list[str]:
     return out
 
 
-def worker_command(args: argparse.Namespace, kvstore: str | None = None) -> list[str]:
-    """The worker's command line; it always listens on loopback (only the scheduler calls it)."""
+def worker_command(args: argparse.Namespace, kvstore: str | None = None,
+                   index: int = 0) -> list[str]:
+    """Worker ``index``'s command line; it always listens on loopback (only the scheduler
+    calls it). Metrics: the first worker on the scheduler's port + 1, the store + 2, worker
+    i > 0 + 2 + i."""
+    port = args.worker_port + index if args.worker_port else 0
+    metrics = worker_metrics_port(args.metrics_port, 1 if index == 0 else 2 + index)
     cmd = [
         sys.executable, "-m", "worker_svc", "--model", args.model, "--device", args.device,
         "--dtype", args.dtype, "--num-blocks", str(args.kv_blocks),
-        "--block-size", str(args.block_size), "--listen", f"127.0.0.1:{args.worker_port}",
-        "--metrics-port", str(worker_metrics_port(args.metrics_port)),
+        "--block-size", str(args.block_size), "--listen", f"127.0.0.1:{port}",
+        "--metrics-port", str(metrics),
         "--metrics-host", getattr(args, "metrics_host", DEFAULT_HOST),
         "--log-level", getattr(args, "log_level", "INFO"),
         "--predictor", getattr(args, "predictor", "auto"),
@@ -243,6 +254,8 @@ def run(args: argparse.Namespace) -> int:
     from fastserve.models import resolve_model
     try:
         config_from_args(args)  # a refused setting fails here, before anything starts
+        if args.replicas < 1:
+            raise ValueError(f"--replicas must be at least 1, got {args.replicas}")
         resolve_model(args.model, progress=True)
         if getattr(args, "tls_dir", None):
             make_local_ca(args.tls_dir, TLS_ROLES)
@@ -287,9 +300,10 @@ def _supervise(args: argparse.Namespace, stop: threading.Event,
     if not args.no_kvstore:
         store_address = start("kvstore", kvstore_command(args), KVSTORE_READY,
                               KVSTORE_START_TIMEOUT_S)
-    worker_address = start("worker", worker_command(args, store_address), WORKER_READY,
-                           WORKER_START_TIMEOUT_S)
-    address = start("scheduler", scheduler_command(args, worker_address), SCHEDULER_READY,
+    workers = [start("worker" if args.replicas == 1 else f"worker{i}",
+                     worker_command(args, store_address, i), WORKER_READY,
+                     WORKER_START_TIMEOUT_S) for i in range(args.replicas)]
+    address = start("scheduler", scheduler_command(args, ",".join(workers)), SCHEDULER_READY,
                     SCHEDULER_START_TIMEOUT_S)
     http = ""
     if args.http_port >= 0:

@@ -41,7 +41,7 @@ if mode == "dies":
     sys.exit(3)
 say("ready")
 if mode != "mute":
-    print(f"{name} listening on 127.0.0.1:4242")
+    print(f"{name.rstrip('0123456789')} listening on 127.0.0.1:4242")  # worker1: a worker
 if mode == "crash-once":  # crashes on its first run only
     import pathlib
     marker = pathlib.Path(log + "." + name)
@@ -105,9 +105,9 @@ def _serve_with_fakes(monkeypatch, fake, scheduler_mode: str, argv: list[str]):
         return fake("scheduler", scheduler_mode)
 
     monkeypatch.setattr(cli_serve, "scheduler_command", scheduler_command)
-    def worker_command(args, kvstore=None):
+    def worker_command(args, kvstore=None, index=0):
         seen["worker_kvstore"] = kvstore
-        return fake("worker")
+        return fake(f"worker{index}" if index else "worker")
 
     monkeypatch.setattr(cli_serve, "worker_command", worker_command)
     monkeypatch.setattr(cli_serve, "kvstore_command", lambda args: fake("kvstore"))
@@ -143,6 +143,32 @@ def test_serve_stops_the_scheduler_then_the_worker_then_the_store_on_sigterm(mon
     assert cmd[cmd.index("--workers") + 1] == "127.0.0.1:4242"
     assert cmd[cmd.index("--listen") + 1] == "127.0.0.1:0"
     assert cmd[cmd.index("--max-waiting") + 1] == "8" and "--max-batch-size" not in cmd
+
+
+def test_replicas_start_a_worker_each_behind_the_one_scheduler(monkeypatch, fake):
+    def terminate_when_ready():
+        deadline = time.monotonic() + 30
+        while "http ready" not in fake.events() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=terminate_when_ready, daemon=True).start()
+    code, seen = _serve_with_fakes(monkeypatch, fake, "ok", ["--port", "0", "--replicas", "3"])
+    assert code == 0
+    events = fake.events()
+    assert events[:5] == ["kvstore ready", "worker ready", "worker1 ready", "worker2 ready",
+                          "scheduler ready"]
+    cmd = seen["real"]
+    assert cmd[cmd.index("--workers") + 1] == ",".join(["127.0.0.1:4242"] * 3)
+
+
+def test_replicas_get_consecutive_ports_and_metrics_ports_clear_of_the_store():
+    args = build_parser().parse_args(["serve", "--worker-port", "7000", "--metrics-port", "9400"])
+    ports = [cli_serve.worker_command(args, None, i) for i in range(3)]
+    assert [c[c.index("--listen") + 1] for c in ports] == [
+        "127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"]
+    assert [c[c.index("--metrics-port") + 1] for c in ports] == ["9401", "9403", "9404"]
 
 
 def test_serve_restarts_a_child_that_dies_and_keeps_the_others(monkeypatch, fake, capsys):
