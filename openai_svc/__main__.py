@@ -28,8 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", default="127.0.0.1:8000", metavar="HOST:PORT",
                    help="where to serve HTTP (port 0: any free port)")
     p.add_argument("--model", default=None, metavar="NAME_OR_DIR",
-                   help="the served model (name or directory), for logprobs' token texts; "
-                        "without it they read 'token_id:N'")
+                   help="the served model (name or directory), for logprobs' token texts "
+                        "(found in the model cache on the first such request); without it "
+                        "they read 'token_id:N'")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                    help="larger request bodies are refused with 413")
     g = p.add_argument_group("transport security")
@@ -41,20 +42,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="allow plain HTTP on an address other than loopback")
     p.add_argument("--log-level", default="INFO")
     return p
-
-
-def tokenizer_path(model: str | None) -> str | None:
-    if model is None:
-        return None
-    if pathlib.Path(model).is_dir():
-        return model
-    from fastserve.models import resolve_model
-
-    try:
-        return str(resolve_model(model))
-    except (OSError, ValueError) as e:
-        log.warning("model %s not found here (%s): logprobs give token ids", model, e)
-        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     creds = (grpc.ssl_channel_credentials(pathlib.Path(args.scheduler_ca).read_bytes())
              if args.scheduler_ca else None)
-    backend = Backend(args.scheduler, creds, tokenizer_path=tokenizer_path(args.model))
+    backend = Backend(args.scheduler, creds, tokenizer_model=args.model)
     app = BodyLimit(create_app(backend), args.max_body_bytes)
     host, port = args.listen.rsplit(":", 1)
     family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -37,6 +38,8 @@ from openai_svc.errors import ApiError, from_rpc
 from openai_svc.protocol import ChatCompletionRequest, CompletionRequest
 from openai_svc.responses import DONE, Shape, sse
 
+log = logging.getLogger(__name__)
+
 # As the SDK's channel: large prompts and long streams.
 _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
                     ("grpc.max_send_message_length", 64 << 20)]
@@ -53,7 +56,9 @@ class Backend:
     stub: Any = None
     health: Any = None
     model: str = ""  # the served model's name, from the scheduler's Status
-    tokenizer_path: str | None = None  # for logprobs' token texts; None: "token_id:N"
+    # The model (name or directory) whose tokenizer gives logprobs' token texts, resolved on
+    # the first request that asks; None: they read "token_id:N".
+    tokenizer_model: str | None = None
 
     async def open(self) -> None:
         self.channel = (grpc.aio.secure_channel(self.address, self.credentials,
@@ -183,17 +188,26 @@ async def _check_model(backend: Backend, request: Request, model: str) -> None:
 
 
 @functools.lru_cache(maxsize=4)
-def _load_tokenizer(path: str) -> Any:
+def _load_tokenizer(model: str) -> Any:
+    """The tokenizer of ``model`` (a directory, or a name the model cache resolves), or None
+    when this host cannot get it."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path)
+    from fastserve.models import resolve_model
+
+    try:
+        return AutoTokenizer.from_pretrained(resolve_model(model))
+    except (OSError, ValueError) as e:
+        log.warning("no tokenizer for %s here (%s): logprobs give token ids", model, e)
+        return None
 
 
 async def _token_texts(backend: Backend) -> Any:
     """id -> text for logprobs: the model's tokenizer when this host has it, else the ids."""
-    if backend.tokenizer_path is None:
+    tok = (await asyncio.to_thread(_load_tokenizer, backend.tokenizer_model)
+           if backend.tokenizer_model is not None else None)
+    if tok is None:
         return lambda t: f"token_id:{t}"
-    tok = await asyncio.to_thread(_load_tokenizer, backend.tokenizer_path)
     return lambda t: tok.decode([t])
 
 

@@ -7,8 +7,9 @@ the least load (fewest live jobs, then the most free KV blocks). A lost group's 
 failed: each moves, with its prompt and the tokens already streamed, to the least-loaded
 other ready group, which recomputes its KV (greedy output goes on token for token; a seeded
 job draws what it would have drawn); with no other group ready they wait for one, the lost
-one coming back included, for at most ``ORPHAN_TIMEOUT_S``, and only then fail (clients see
-UNAVAILABLE). Its client sees a pause.
+one coming back included, for at most the ``worker_loss_wait_s`` setting, and only then fail
+(clients see UNAVAILABLE). Its client sees a pause. The jobs' KV is recomputed, never
+uploaded from the node's store (a restarted worker's store lease is a new one).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from scheduler_svc.loop import WorkerLoop
 
 log = logging.getLogger(__name__)
 
-# How long a lost group's jobs wait for a group to take them before they fail.
+# How long a lost group's jobs wait for a group to take them before they fail (the server
+# passes SchedulerConfig.worker_loss_wait_s).
 ORPHAN_TIMEOUT_S = 120.0
 Sink = Callable[[JobUpdate], None]
 

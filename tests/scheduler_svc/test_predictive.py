@@ -8,6 +8,7 @@ import json
 
 import pytest
 from core_driver import LINEAR, make_core, make_job, run_step
+from test_simulator import SHARED_TRACES
 
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.cost_model import OPT_13B_A100
@@ -57,8 +58,9 @@ def test_a_starving_job_goes_to_the_front_with_a_limit_that_grows_with_its_size_
     assert pol.starvation.deadline[2] == pytest.approx(8.6)
 
 
+@pytest.mark.skipif(not (SHARED_TRACES / "AzureLLMInferenceTrace_conv.csv").is_file(),
+                    reason="the shared traces are not here")
 def test_simulated_predictions_are_noisy_truth_and_predictive_beats_fcfs():
-    from test_simulator import SHARED_TRACES
 
     from fastserve.traces import load_trace
 

@@ -275,6 +275,8 @@ def test_a_scheduler_that_never_schedules_is_reported_not_waited_on(monkeypatch)
         run([Req(0.0, 4, 4), Req(1.0, 4, 4)], policy="stuck")
 
 
+@pytest.mark.skipif(not (SHARED_TRACES / "AzureLLMInferenceTrace_conv.csv").is_file(),
+                    reason="the shared traces are not here")
 def test_a_preemptive_policy_keeps_fcfs_throughput_under_overload():
     """Issue 12's overload (Azure conversations at 2.5 req/s on the published OPT-13B/A100
     model, batch 16, 4,096 blocks, a 40,000-block store): skip-join MLFQ with proactive
