@@ -60,6 +60,10 @@ class SchedulerMetrics(MetricsEndpoint):
         r = self.registry
         self.requests = Counter("fastserve:requests", "Finished requests by finish reason.",
                                 ["finish_reason"], registry=r)
+        self.refused = Counter("fastserve:requests_refused",
+                               "Requests refused before they started, by gRPC status code "
+                               "(INVALID_ARGUMENT, RESOURCE_EXHAUSTED: the queue is full, "
+                               "UNAUTHENTICATED, UNAVAILABLE: no worker).", ["code"], registry=r)
         self.prompt_tokens = Counter("fastserve:prompt_tokens",
                                      "Prompt tokens of finished requests.", registry=r)
         self.generation_tokens = Counter("fastserve:generation_tokens",
@@ -115,6 +119,10 @@ class SchedulerMetrics(MetricsEndpoint):
         kind = it.kind
         self.kind_compute.labels(kind=kind).inc(it.compute_s)
         self.kind_count.labels(kind=kind).inc()
+
+    def observe_refused(self, code: str) -> None:
+        """Record one refused request (the servicer ``on_refused`` hook)."""
+        self.refused.labels(code=code).inc()
 
     def observe_finished(self, job: Job) -> None:
         """Record one finished request (the servicer ``on_finish`` hook)."""

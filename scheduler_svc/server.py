@@ -64,7 +64,8 @@ async def create_service(config: SchedulerConfig, model_path: str, model_name: s
     cluster = Cluster(loops, config.worker_loss_wait_s)
     servicer = SchedulerServicer(config, text, cluster, model_name,
                                  on_finish=metrics.observe_finished if metrics else None,
-                                 api_keys=api_keys)
+                                 api_keys=api_keys,
+                                 on_refused=metrics.observe_refused if metrics else None)
     server = grpc.aio.server(interceptors=[DecodeGuard(("fastserve.",))])
     scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()

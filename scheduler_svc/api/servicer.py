@@ -59,12 +59,14 @@ def _next_text(detok: IncrementalDetokenizer, ids: list[int],
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def __init__(self, config: SchedulerConfig, text: TextModel, cluster: Cluster,
-                 model_name: str, on_finish=None, api_keys: ApiKeys | None = None):
+                 model_name: str, on_finish=None, api_keys: ApiKeys | None = None,
+                 on_refused=None):
         self.config = config
         self.text = text
         self.cluster = cluster
         self.model_name = model_name
         self.on_finish = on_finish  # called with each finished Job (metrics)
+        self.on_refused = on_refused  # called with the status code name of each refusal
         self._ids = itertools.count(1)
         self.api_keys = api_keys
         self._owners: dict[str, str] = {}  # live request id -> the key (id) that made it
@@ -79,11 +81,18 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             return ""
         owner = self.api_keys.owner(context.invocation_metadata())
         if owner is None:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                                "missing or unknown API key: send the metadata "
-                                "'authorization: Bearer <key>'")
+            await self._refuse(context, grpc.StatusCode.UNAUTHENTICATED,
+                               "missing or unknown API key: send the metadata "
+                               "'authorization: Bearer <key>'")
         assert owner is not None
         return owner
+
+    async def _refuse(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode,
+                      message: str) -> None:
+        """Abort the call with ``code``, counted (metrics) by its name."""
+        if self.on_refused is not None:
+            self.on_refused(code.name)
+        await context.abort(code, message)
 
     async def Generate(self, request: spb.GenerateRequest,
                        context: grpc.aio.ServicerContext) -> AsyncIterator[spb.GenerateResponse]:
@@ -92,7 +101,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         cluster = self.cluster
         group = cluster.pick()
         if group is None:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "no worker is ready")
+            await self._refuse(context, grpc.StatusCode.UNAVAILABLE, "no worker is ready")
         request_id = request.request_id or uuid.uuid4().hex  # build_job bounds it
         limits = cluster.limits(group)
         try:
@@ -106,15 +115,15 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 IncrementalDetokenizer, self._text_out.text, job.prompt, stop,
                 min_tokens=job.sampling.min_tokens))
         except InvalidRequest as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         # Checked after the awaits above, with no await until submit: two requests with one
         # id cannot both pass.
         if cluster.is_live(request_id):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"request_id: {request_id!r} is already in use by a live request")
+            await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT,
+                               f"request_id: {request_id!r} is already in use by a live request")
         if not cluster.can_admit(group):
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
+            await self._refuse(
+                context, grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"the waiting queue is full ({self.config.max_waiting} requests); retry later",
             )
         updates: asyncio.Queue[JobUpdate] = asyncio.Queue()

@@ -210,7 +210,10 @@ def test_monitors_only_when_asked(helm):
                      ("ServiceMonitor", "fs-scheduler")]
     sm = by_kind(docs, "ServiceMonitor")
     assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    assert sm["spec"]["endpoints"] == [{"port": "metrics", "interval": "10s"}]
+    assert sm["spec"]["endpoints"] == [{"port": "metrics", "interval": "10s", "relabelings": [
+        {"targetLabel": "component", "replacement": "scheduler"}]}]
+    pm = by_kind(docs, "PodMonitor", "fs-kvstore")
+    assert pm["spec"]["podMetricsEndpoints"][0]["relabelings"][0]["replacement"] == "kvstore"
 
 
 @pytest.mark.parametrize("args,words", [
