@@ -79,6 +79,13 @@ def reason(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
+# A worker that does not answer a Step within this many times what its slowest iteration
+# so far would take for the tokens in flight (at least STEP_DEADLINE_FLOOR_S, at most the
+# loop's step_timeout_s) is taken for hung: its jobs move on.
+STEP_DEADLINE_FACTOR = 20.0
+STEP_DEADLINE_FLOOR_S = 10.0
+
+
 class WorkerLoop:
     """Owns one worker connection and the GroupCore of that worker."""
 
@@ -93,7 +100,8 @@ class WorkerLoop:
         self.tls = tls  # the scheduler's certificate and the cluster CA, for the worker
         self.pipeline_depth = pipeline_depth  # Steps outstanding at most (pipeline stages)
         self.config = config
-        self.step_timeout_s = step_timeout_s
+        self.step_timeout_s = step_timeout_s  # the most a Step may take, before any history
+        self._slowest_per_token_s = 0.0  # the worker's slowest compute per batched token
         self.on_iteration = on_iteration
         self.core: GroupCore | None = None
         self.stats: Stats | None = None  # published by the loop after each update
@@ -285,7 +293,14 @@ class WorkerLoop:
                 continue
             # Hand the previous iteration's tokens to their streams while this one runs.
             self._dispatch()
-            msg = await asyncio.wait_for(call.read(), self.step_timeout_s)
+            deadline = self._step_deadline(sum(p.num_batched_tokens for p, _, _ in sent.values()))
+            try:
+                msg = await asyncio.wait_for(call.read(), deadline)
+            except TimeoutError:
+                raise ConnectionError(
+                    f"no answer to step {min(sent)} within {deadline:.0f} s (the worker's slowest "
+                    f"iteration so far took {self._slowest_per_token_s * 1e3:.2f} ms a token): "
+                    "taken for hung") from None
             if msg is grpc.aio.EOF:
                 raise ConnectionError("worker closed the Step stream")
             last_read = time.perf_counter()
@@ -295,9 +310,21 @@ class WorkerLoop:
                                       f"in flight")
             plan, written, overhead = sent.pop(msg.step_id)
             wire.check_result(plan, result, self.describe.vocab_size)
+            if plan.num_batched_tokens:
+                self._slowest_per_token_s = max(self._slowest_per_token_s,
+                                                result.compute_time_s / plan.num_batched_tokens)
             self._pending.extend(core.update(msg.step_id, result, time.monotonic()))
             self._publish()
             self._report(plan, result.compute_time_s, last_read - written, overhead)
+
+    def _step_deadline(self, tokens: int) -> float:
+        """How long the Steps in flight (``tokens`` batched) may take before the worker is
+        taken for hung: a multiple of its own slowest pace, never under the floor, and the
+        plain ``step_timeout_s`` before it has answered anything."""
+        if self._slowest_per_token_s == 0.0:
+            return self.step_timeout_s
+        guess = STEP_DEADLINE_FACTOR * self._slowest_per_token_s * max(tokens, 1)
+        return min(self.step_timeout_s, max(STEP_DEADLINE_FLOOR_S, guess))
 
     async def _check_idle(self, stub: worker_pb2_grpc.WorkerStub, call: object) -> None:
         """Raise if the idle worker is gone, restarted (its Step stream ended), or now

@@ -271,6 +271,19 @@ def test_serve_end_to_end(tmp_path):
             "model": models["data"][0]["id"], "max_tokens": 20, "temperature": 0,
             "messages": [{"role": "user", "content": "What is the capital of France?"}]})
         assert r.status_code == 200 and "Paris" in r.json()["choices"][0]["message"]["content"]
+        # The official openai client gets what the gRPC SDK gets, token for token (greedy).
+        import openai
+
+        from fastserve.client import Client
+
+        oai = openai.OpenAI(base_url=http, api_key="unused", max_retries=0)
+        msgs = [{"role": "user", "content": "Name a colour."}]
+        got = oai.chat.completions.create(model=models["data"][0]["id"], messages=msgs,
+                                          max_tokens=16, temperature=0.0)
+        with Client(address) as sdk:
+            want = sdk.generate(messages=msgs, max_tokens=16, temperature=0.0)
+        assert got.choices[0].message.content == want.text
+        assert got.usage.completion_tokens == want.usage.completion_tokens
 
         status = _cli("status", "--json", "--address", address)
         assert status.returncode == 0, status.stderr

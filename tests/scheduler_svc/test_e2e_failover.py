@@ -104,3 +104,37 @@ def test_with_one_worker_the_stream_waits_for_it_to_come_back(tiny_tok_model, lo
         worker.stop()
         for w in back:
             w.stop()
+
+
+def test_a_hung_worker_is_given_up_on_after_a_deadline_from_its_own_pace(tiny_tok_model, logs):
+    import os
+    import signal
+
+    workers = [start_worker(str(tiny_tok_model), logs, 256, f"h{i}") for i in range(2)]
+    sched = start_scheduler(str(tiny_tok_model), [w.address for w in workers], logs)
+    stopped = []
+    try:
+        with grpc.insecure_channel(sched.address) as ch:
+            stub = scheduler_pb2_grpc.SchedulerStub(ch)
+            want, _ = run(stub, "reference")
+
+            def hang_midway(n):
+                if n >= 100 and not stopped:
+                    victim = workers[busy_worker(stub)]
+                    os.kill(victim.proc.pid, signal.SIGSTOP)  # alive, connected, silent
+                    stopped.append((victim, time.monotonic()))
+
+            got, final = run(stub, "victim", hang_midway)
+            victim, since = stopped[0]
+            took = time.monotonic() - since
+            assert final.finish_reason == spb.FINISH_REASON_LENGTH, final.error_message
+            assert got == want
+            assert took < 60, took  # the floor is 10 s; the old fixed timeout was 120 s
+            lost = [w for w in stub.Status(spb.StatusRequest()).workers if w.state != "ready"]
+            assert len(lost) == 1 and "taken for hung" in lost[0].error
+    finally:
+        for victim, _ in stopped:
+            os.kill(victim.proc.pid, signal.SIGCONT)
+        sched.stop()
+        for w in workers:
+            w.stop()
