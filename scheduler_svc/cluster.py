@@ -64,6 +64,25 @@ class Cluster:
             lp.on_lost = self._rehome
             lp.on_ready = self._adopt
 
+    # ---- membership (worker discovery) -------------------------------------------------
+    def add_group(self, group: WorkerLoop) -> None:
+        """A new group joins (discovery found a Ready worker): it connects and then serves."""
+        if any(lp.address == group.address for lp in self.loops):
+            return
+        group.on_lost = self._rehome
+        group.on_ready = self._adopt
+        self.loops.append(group)
+        group.start()
+
+    async def remove_group(self, address: str, why: str) -> None:
+        """The group at ``address`` leaves (its pod was deleted or is not Ready): its jobs
+        move to the others, or wait for one, as for a lost group."""
+        group = next((lp for lp in self.loops if lp.address == address), None)
+        if group is None:
+            return
+        self.loops.remove(group)  # first: nothing new, and none of its own jobs, goes there
+        await group.retire(why)
+
     # ---- placement ----------------------------------------------------------------------
     def pick(self, exclude: WorkerLoop | None = None) -> WorkerLoop | None:
         """The ready group with the least load, or None when no group is ready."""

@@ -202,6 +202,19 @@ class WorkerLoop:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"worker-loop {self.address}")
 
+    async def retire(self, why: str) -> None:
+        """Leave the cluster (discovery says the worker is gone): stop, and hand its jobs on
+        (``on_lost``) as for a lost worker."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+        self._lost(why)
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()

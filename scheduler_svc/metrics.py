@@ -107,8 +107,9 @@ class SchedulerMetrics(MetricsEndpoint):
         r.register(self._collector)
 
     def bind(self, loops: Sequence[LoopView]) -> None:
-        """Read the gauges from these loops at every scrape."""
-        self._collector.loops = list(loops)
+        """Read the gauges from these loops at every scrape (the list itself: groups that
+        join later are read too)."""
+        self._collector.loops = loops
 
     def observe_iteration(self, it: IterationStats) -> None:
         """Record one iteration (the WorkerLoop ``on_iteration`` hook)."""
@@ -149,7 +150,7 @@ class _LoopCollector(Collector):
 
     def __init__(self, model_name: str):
         self.model_name = model_name
-        self.loops: list[LoopView] = []
+        self.loops: Sequence[LoopView] = []
 
     def collect(self) -> Iterator[Metric]:
         def family(name: str, doc: str, labels: Sequence[str] = ("worker",)) -> GaugeMetricFamily:

@@ -19,12 +19,23 @@ from scheduler_svc.api.servicer import SchedulerServicer
 from scheduler_svc.api.text import TextModel
 from scheduler_svc.cluster import Cluster
 from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.discovery import KubernetesDiscovery
 from scheduler_svc.loop import WorkerLoop
 from scheduler_svc.metrics import SchedulerMetrics
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = spb.DESCRIPTOR.services_by_name["Scheduler"].full_name
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """``--discovery kubernetes``: worker pods of ``namespace`` matching ``selector``."""
+
+    namespace: str
+    selector: str
+    port: int  # when a pod names no container port "grpc"
+    kubeconfig: str | None = None  # None: the pod's service account (in-cluster)
 
 
 @dataclass
@@ -36,8 +47,11 @@ class SchedulerService:
     health: health.aio.HealthServicer
     metrics: SchedulerMetrics | None
     health_watch: asyncio.Task | None = None
+    discovery: KubernetesDiscovery | None = None
 
     async def stop(self, grace_s: float = 5.0) -> None:
+        if self.discovery is not None:
+            self.discovery.stop()
         if self.health_watch is not None:
             self.health_watch.cancel()
         await self.health.enter_graceful_shutdown()
@@ -51,13 +65,20 @@ async def create_service(config: SchedulerConfig, model_path: str, model_name: s
                          metrics_port: int = -1,
                          metrics_host: str = DEFAULT_HOST,
                          api_keys: ApiKeys | None = None,
-                         tls: Tls | None = None) -> SchedulerService:
-    """Connect to every worker, then serve; raises if a worker is not reachable in time."""
+                         tls: Tls | None = None,
+                         discovery: Discovery | None = None) -> SchedulerService:
+    """Connect to every worker, then serve; raises if a worker is not reachable in time.
+    With ``discovery`` the workers are the Ready pods it finds, joining and leaving as they
+    come and go (``workers`` is then ignored)."""
     text = await asyncio.to_thread(TextModel.load, model_path)
     metrics = SchedulerMetrics(config.policy, model_name) if metrics_port >= 0 else None
-    loops = [WorkerLoop(addr, config, on_iteration=metrics.observe_iteration if metrics else None,
-                        model=(model_name, model_path), tls=tls)
-             for addr in workers]
+
+    def make_loop(address: str) -> WorkerLoop:
+        return WorkerLoop(address, config,
+                          on_iteration=metrics.observe_iteration if metrics else None,
+                          model=(model_name, model_path), tls=tls)
+
+    loops = [] if discovery is not None else [make_loop(addr) for addr in workers]
     await asyncio.gather(*(lp.connect(connect_timeout_s) for lp in loops))
     for lp in loops:
         lp.start()
@@ -74,11 +95,25 @@ async def create_service(config: SchedulerConfig, model_path: str, model_name: s
     if port == 0:
         raise RuntimeError(f"could not bind {listen}")
     await server.start()
-    watch = asyncio.create_task(_watch_health(health_servicer, loops), name="health")
+    watch = asyncio.create_task(_watch_health(health_servicer, cluster.loops), name="health")
     if metrics is not None:
-        metrics.bind(loops)
+        metrics.bind(cluster.loops)
         metrics.port = metrics.serve(metrics_port, metrics_host)
-    return SchedulerService(server, port, servicer, loops, health_servicer, metrics, watch)
+    watcher = None
+    if discovery is not None:
+        retiring: set[asyncio.Task] = set()  # held until done (the loop keeps weak refs)
+
+        def leave(address: str, why: str) -> None:
+            task = asyncio.ensure_future(cluster.remove_group(address, why))
+            retiring.add(task)
+            task.add_done_callback(retiring.discard)
+
+        watcher = KubernetesDiscovery(discovery.namespace, discovery.selector, discovery.port,
+                                      lambda address: cluster.add_group(make_loop(address)),
+                                      leave, asyncio.get_running_loop(), discovery.kubeconfig)
+        watcher.start()
+    return SchedulerService(server, port, servicer, cluster.loops, health_servicer, metrics,
+                            watch, watcher)
 
 
 HEALTH_CHECK_S = 0.5

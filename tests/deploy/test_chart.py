@@ -91,8 +91,14 @@ def test_every_scheduler_setting_is_a_documented_validated_value():
         assert len(line) <= 100, line
 
 
-def test_scheduler_deployment_passes_every_setting_and_lists_the_workers(helm):
-    docs = render(helm, "--set", "workers.replicas=3", "--set", "scheduler.config.max_waiting=7")
+def test_scheduler_deployment_passes_every_setting_and_finds_the_workers(helm):
+    c = container(by_kind(render(helm), "Deployment", "fs-scheduler"), "scheduler")
+    assert "--discovery=kubernetes" in c["args"] and not any(
+        a.startswith("--workers=") for a in c["args"])
+    assert ("--worker-selector=app.kubernetes.io/name=fastserve,app.kubernetes.io/instance=fs,"
+            "app.kubernetes.io/component=worker") in c["args"]
+    docs = render(helm, "--set", "workers.replicas=3", "--set", "scheduler.config.max_waiting=7",
+                  "--set", "scheduler.discovery=static")
     dep = by_kind(docs, "Deployment", "fs-scheduler")
     c = container(dep, "scheduler")
     args = c["args"]
