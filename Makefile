@@ -30,10 +30,12 @@ model: install
 serve: proto model
 	$(VENV)/bin/fastserve serve
 
-# helm, kubectl and promtool for the deployment tests (deploy/tools.sh; cached). Without them
-# (no npm, not root) those tests skip and say why; the rest still run.
+# helm, kubectl, promtool (deploy/tools.sh) and a real kube-apiserver with etcd
+# (deploy/kube-apiserver.sh: built from Debian's source once, 4-13 minutes, then cached) for
+# the deployment tests. Without them (no npm, not root) those tests skip and say why.
 tools:
 	-./deploy/tools.sh
+	-./deploy/kube-apiserver.sh
 
 test: proto model tools
 	$(PY) -m pytest -q

@@ -82,8 +82,13 @@ def tls_from_args(args: argparse.Namespace) -> Tls | None:
 
 
 def is_loopback(address: str) -> bool:
-    host = address.rsplit(":", 1)[0]
-    return host in LOOPBACK
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host in LOOPBACK:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback  # all of 127.0.0.0/8
+    except ValueError:
+        return False
 
 
 def check_plaintext(address: str, tls: Tls | None, insecure: bool) -> None:

@@ -134,7 +134,7 @@ def test_worker_statefulset_gpu_layout_probes_and_store(helm):
     assert sts["spec"]["replicas"] == 4 and sts["spec"]["serviceName"] == "fs-worker"
     spec = sts["spec"]["template"]["spec"]
     c = container(sts, "worker")
-    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"  # a quantity: a string
     assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
     assert spec["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert "podAntiAffinity" in spec["affinity"]

@@ -47,9 +47,12 @@ def test_the_local_ca_makes_its_files_once_with_a_private_key(tmp_path):
 
 def test_plaintext_is_refused_off_loopback_without_insecure():
     check_plaintext("127.0.0.1:0", None, False)
+    check_plaintext("127.0.0.2:7000", None, False)  # all of 127/8 is this machine
+    check_plaintext("[::1]:7000", None, False)
     check_plaintext("0.0.0.0:50051", None, True)
-    with pytest.raises(ValueError, match="--insecure"):
-        check_plaintext("0.0.0.0:50051", None, False)
+    for address in ("0.0.0.0:50051", "10.0.0.5:1", "example.com:1"):
+        with pytest.raises(ValueError, match="--insecure"):
+            check_plaintext(address, None, False)
 
 
 def test_tls_inside_and_out(tiny_tok_model, tmp_path):
