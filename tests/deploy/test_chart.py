@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import pathlib
-import shutil
 import subprocess
 
 import pytest
 import yaml
+from deploy_tools import tool
 
 from scheduler_svc.core.config import SchedulerConfig
 
@@ -20,17 +19,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "fastserve"
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 K8S_VERSION = "1.35.0"  # the helm and kubectl deploy/tools.sh fetches speak 1.35
-CACHE_BIN = pathlib.Path(os.environ.get("FASTSERVE_CI_CACHE",
-                                        pathlib.Path.home() / ".cache" / "fastserve-ci")) / "bin"
 
 
 @pytest.fixture(scope="session")
 def helm() -> str:
-    found = shutil.which("helm") or (str(CACHE_BIN / "helm")
-                                     if (CACHE_BIN / "helm").exists() else None)
-    if found is None:
-        pytest.skip("helm not installed: run deploy/tools.sh (make test does)")
-    return found
+    return tool("helm")
 
 
 def render(helm: str, *args: str, ok: bool = True) -> list[dict] | str:

@@ -6,15 +6,14 @@ listen, as a kubelet would; deleting one mid-run moves its request to the other.
 
 from __future__ import annotations
 
-import os
 import pathlib
-import shutil
 import subprocess
 import time
 
 import grpc
 import pytest
 import yaml
+from deploy_tools import tool
 from procs import free_port, start_scheduler, start_worker
 from streams import busy_worker, run
 
@@ -23,8 +22,6 @@ from fastserve.proto import scheduler_pb2_grpc
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "fastserve"
-CACHE_BIN = pathlib.Path(os.environ.get("FASTSERVE_CI_CACHE",
-                                        pathlib.Path.home() / ".cache" / "fastserve-ci")) / "bin"
 NS = "serving"
 SELECTOR = ("app.kubernetes.io/name=fastserve,app.kubernetes.io/instance=fs,"
             "app.kubernetes.io/component=worker")
@@ -44,10 +41,8 @@ def _kubeconfig(path: pathlib.Path, server: str, token: str, ca: pathlib.Path) -
 @pytest.fixture(scope="module")
 def apiserver(tmp_path_factory):
     """(server URL, admin kubeconfig) of etcd + kube-apiserver on 127.0.0.1."""
-    binary = CACHE_BIN / "kube-apiserver"
-    etcd = shutil.which("etcd")
-    if not binary.exists() or etcd is None:
-        pytest.skip("no kube-apiserver/etcd: run deploy/kube-apiserver.sh (make test does)")
+    binary = tool("kube-apiserver", "deploy/kube-apiserver.sh")
+    etcd = tool("etcd", "deploy/kube-apiserver.sh")
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import rsa
 
@@ -70,7 +65,7 @@ def apiserver(tmp_path_factory):
         stdout=subprocess.DEVNULL, stderr=(d / "etcd.log").open("w"))
     issuer = "https://kubernetes.default.svc"
     api = subprocess.Popen(
-        [str(binary), f"--etcd-servers=http://127.0.0.1:{client_port}",
+        [binary, f"--etcd-servers=http://127.0.0.1:{client_port}",
          "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
          f"--secure-port={secure_port}", f"--cert-dir={d / 'certs'}",
          f"--token-auth-file={d / 'tokens.csv'}", "--authorization-mode=RBAC",
@@ -105,19 +100,12 @@ def apiserver(tmp_path_factory):
         etcd_proc.wait(30)
 
 
-def _helm() -> str:
-    found = shutil.which("helm") or str(CACHE_BIN / "helm")
-    if not pathlib.Path(found).exists():
-        pytest.skip("helm not installed: run deploy/tools.sh")
-    return found
-
-
 def test_helm_install_and_discovery_through_the_api_server(apiserver, tiny_tok_model,
                                                              tmp_path):
     from kubernetes import client, config
 
     server, admin, ca = apiserver
-    r = subprocess.run([_helm(), "install", "fs", str(CHART), "--namespace", NS,
+    r = subprocess.run([tool("helm"), "install", "fs", str(CHART), "--namespace", NS,
                         "--create-namespace", "--kubeconfig", str(admin),
                         "--set", "workers.device=cpu", "--set", "workers.replicas=2"],
                        capture_output=True, text=True, check=False, timeout=120)

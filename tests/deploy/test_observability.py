@@ -7,12 +7,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import pathlib
-import shutil
 import subprocess
 import time
 
 import httpx
 import pytest
+from deploy_tools import tool
 from procs import free_port, start_kvstore, start_scheduler, start_worker
 
 from fastserve.client import Client
@@ -33,10 +33,7 @@ def _dashboard_module():
 
 @pytest.fixture(scope="module")
 def promtool() -> str:
-    found = shutil.which("promtool")
-    if found is None:
-        pytest.skip("promtool not installed: run deploy/tools.sh (make test does)")
-    return found
+    return tool("promtool")
 
 
 def test_rules_check_and_their_unit_tests_pass(promtool):
@@ -81,10 +78,7 @@ def test_the_dashboard_file_is_up_to_date_and_well_formed():
 
 @pytest.fixture(scope="module")
 def prometheus_binary() -> str:
-    found = shutil.which("prometheus")
-    if found is None:
-        pytest.skip("prometheus not installed: run deploy/tools.sh (make test does)")
-    return found
+    return tool("prometheus")
 
 
 def test_every_panel_query_returns_data_from_a_real_prometheus(prometheus_binary,
