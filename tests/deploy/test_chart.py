@@ -171,6 +171,15 @@ def test_rbac_allows_reading_pods_and_nothing_else(helm):
     assert not [d for d in render(helm, "--set", "rbac.create=false") if d["kind"] == "Role"]
 
 
+def test_the_dashboard_configmap_is_the_dashboard_with_the_sidecar_label(helm):
+    cm = by_kind(render(helm), "ConfigMap", "fs-dashboard")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    want = json.loads((ROOT / "deploy" / "grafana" / "fastserve.json").read_text())
+    assert json.loads(cm["data"]["fastserve.json"]) == want
+    assert not [d for d in render(helm, "--set", "monitoring.grafanaDashboard.enabled=false")
+                if d["kind"] == "ConfigMap"]
+
+
 def test_pod_disruption_budget(helm):
     pdb = by_kind(render(helm), "PodDisruptionBudget")
     assert pdb["apiVersion"] == "policy/v1" and pdb["spec"]["minAvailable"] == 1
@@ -206,7 +215,10 @@ def test_monitors_only_when_asked(helm):
     kinds = sorted((d["kind"], d["metadata"]["name"]) for d in docs
                    if d["apiVersion"].startswith("monitoring.coreos"))
     assert kinds == [("PodMonitor", "fs-kvstore"), ("PodMonitor", "fs-worker"),
-                     ("ServiceMonitor", "fs-scheduler")]
+                     ("PrometheusRule", "fs"), ("ServiceMonitor", "fs-scheduler")]
+    rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "fastserve-rules.yaml").read_text())
+    assert by_kind(docs, "PrometheusRule")["spec"] == rules  # the same rules, unrendered
+    assert "{{ $labels.worker }}" in json.dumps(by_kind(docs, "PrometheusRule")["spec"])
     sm = by_kind(docs, "ServiceMonitor")
     assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     assert sm["spec"]["endpoints"] == [{"port": "metrics", "interval": "10s", "relabelings": [
