@@ -187,17 +187,9 @@ def scheduler_command(args: argparse.Namespace, workers: str) -> list[str]:
 
 def http_command(args: argparse.Namespace, scheduler: str) -> list[str]:
     """The OpenAI HTTP front end's command line, in front of the ``scheduler`` address."""
-    cmd = [sys.executable, "-m", "openai_svc", "--scheduler", scheduler,
-           "--listen", f"{args.host}:{args.http_port}", "--model", args.model,
-           "--log-level", getattr(args, "log_level", "INFO")]
-    if getattr(args, "insecure", False):
-        cmd.append("--insecure")
-    d = getattr(args, "tls_dir", None)
-    if d:
-        cert, key = cert_files(d, "http")
-        cmd += ["--tls-cert", cert, "--tls-key", key,
-                "--scheduler-ca", str(pathlib.Path(d) / CA_FILE)]
-    return cmd
+    return [sys.executable, "-m", "openai_svc", "--scheduler", scheduler,
+            "--listen", f"{args.host}:{args.http_port}", "--model", args.model,
+            "--log-level", getattr(args, "log_level", "INFO"), *tls_flags(args, "http")]
 
 
 def start_child(cmd: list[str], ready_prefix: str, timeout: float, *, name: str = "child",

@@ -7,14 +7,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import pathlib
 import socket
 import sys
 
-import grpc
 import uvicorn
 
-from fastserve.tls import is_loopback
+from fastserve.tls import add_tls_args, tls_from_args
 from openai_svc.app import Backend, create_app
 from openai_svc.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 
@@ -33,13 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "they read 'token_id:N'")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                    help="larger request bodies are refused with 413")
-    g = p.add_argument_group("transport security")
-    g.add_argument("--tls-cert", default=None, metavar="PEM", help="HTTPS: this certificate")
-    g.add_argument("--tls-key", default=None, metavar="PEM", help="its private key")
-    g.add_argument("--scheduler-ca", default=None, metavar="PEM",
-                   help="reach the scheduler over TLS, trusting this CA")
-    g.add_argument("--insecure", action="store_true",
-                   help="allow plain HTTP on an address other than loopback")
+    # As every service: --tls-cert/--tls-key serve HTTPS; --tls-ca (the cluster CA) also
+    # reaches the scheduler over TLS; plain HTTP only on loopback unless --insecure.
+    add_tls_args(p)
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -48,15 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if bool(args.tls_cert) != bool(args.tls_key):
-        print("error: --tls-cert and --tls-key go together", file=sys.stderr)
+    try:
+        tls = tls_from_args(args)
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
-    if not args.tls_cert and not args.insecure and not is_loopback(args.listen):
-        print(f"error: {args.listen}: plain HTTP on an address other than loopback lets anyone "
-              "who reaches it in; give --tls-cert and --tls-key, or --insecure", file=sys.stderr)
-        return 2
-    creds = (grpc.ssl_channel_credentials(pathlib.Path(args.scheduler_ca).read_bytes())
-             if args.scheduler_ca else None)
+    creds = tls.channel_credentials() if tls is not None and tls.ca is not None else None
     backend = Backend(args.scheduler, creds, tokenizer_model=args.model)
     app = BodyLimit(create_app(backend), args.max_body_bytes)
     host, port = args.listen.rsplit(":", 1)

@@ -40,7 +40,7 @@ from openai_svc.responses import DONE, Shape, sse
 
 log = logging.getLogger(__name__)
 
-# As the SDK's channel: large prompts and long streams.
+# Room for any request the body limit lets through (gRPC's own caps are 4 MiB).
 _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
                     ("grpc.max_send_message_length", 64 << 20)]
 HEALTH_TIMEOUT_S = 2.0

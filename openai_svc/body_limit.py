@@ -27,23 +27,20 @@ class BodyLimit:
             await self._refuse(send, int(length))
             return
         seen = 0
-        refused = False
 
         async def counting() -> dict:
-            nonlocal seen, refused
+            nonlocal seen
             msg = await receive()
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
                 if seen > self.max_bytes:
-                    refused = True
                     raise _TooLarge
             return msg
 
         try:
             await self.app(scope, counting, send)
         except _TooLarge:
-            if refused:
-                await self._refuse(send, seen)
+            await self._refuse(send, seen)
 
     async def _refuse(self, send: Any, size: int) -> None:
         body = json.dumps({"error": {

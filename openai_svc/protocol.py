@@ -11,7 +11,7 @@ accepted and has no effect: no FastServe policy takes a client's priority.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -145,6 +145,3 @@ class CompletionRequest(_Common):
         else:
             req.token_ids.ids.extend(prompt)
         return req
-
-
-Endpoint = Literal["chat", "completion"]

@@ -59,7 +59,7 @@ class Shape:
             obj += ".chunk"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def _logprobs(self, ids: Sequence[int], lps: Sequence[float], text: str) -> dict | None:
+    def _logprobs(self, ids: Sequence[int], lps: Sequence[float]) -> dict | None:
         if not self.logprobs:
             return None
         tokens = [self.token_text(t) for t in ids]
@@ -82,7 +82,7 @@ class Shape:
                 message if message is not None else {"role": "assistant", "content": text})
         else:
             choice["text"] = text
-        choice["logprobs"] = self._logprobs(ids, lps, text)
+        choice["logprobs"] = self._logprobs(ids, lps)
         choice["finish_reason"] = reason
         return choice
 

@@ -86,13 +86,14 @@ def check_describe(d: wpb.DescribeResponse) -> None:
 def check_result(plan: StepPlan, result: StepResult, vocab_size: int) -> None:
     """Refuse a Step answer that speaks of jobs the plan did not command, twice of one job,
     or of token ids outside the vocabulary."""
-    commanded = {c.job_id: c.num_tokens for c in plan.commands}
+    commanded = {c.job_id for c in plan.commands}
     seen: set[int] = set()
     for r in result.results:
-        if r.job_id not in commanded or r.job_id in seen:
+        if r.job_id not in commanded:
             raise BadWorkerReply(f"worker answered step {plan.step_id} for job {r.job_id}, "
-                                 "which it did not command" if r.job_id not in commanded else
-                                 f"worker answered step {plan.step_id} twice for job {r.job_id}")
+                                 "which it did not command")
+        if r.job_id in seen:
+            raise BadWorkerReply(f"worker answered step {plan.step_id} twice for job {r.job_id}")
         seen.add(r.job_id)
         if r.token_id is not None and not 0 <= r.token_id < vocab_size:
             raise BadWorkerReply(f"worker answered step {plan.step_id} with token id "

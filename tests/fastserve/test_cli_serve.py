@@ -337,7 +337,7 @@ def test_tls_dir_gives_every_child_a_certificate_of_its_own(tmp_path):
         assert "--insecure" in cmd
     http = cli_serve.http_command(args, "h:3")
     assert http[http.index("--tls-cert") + 1] == str(tmp_path / "http.pem")
-    assert http[http.index("--scheduler-ca") + 1] == str(tmp_path / "ca.pem")
+    assert http[http.index("--tls-ca") + 1] == str(tmp_path / "ca.pem")
     assert http[http.index("--scheduler") + 1] == "h:3" and "--insecure" in http
     plain = build_parser().parse_args(["serve"])
     assert "--tls-cert" not in cli_serve.scheduler_command(plain, "h:2")

@@ -32,7 +32,7 @@ def test_api_keys_and_tls(chat_model, tmp_path):
         scheduler = start_scheduler(str(chat_model), [worker.address], tmp_path,
                                     "--api-keys", str(keys), *tls("scheduler"),
                                     "--tls-ca", str(d / CA_FILE))
-        http = start_http(scheduler.address, tmp_path, "--scheduler-ca", str(d / CA_FILE),
+        http = start_http(scheduler.address, tmp_path, "--tls-ca", str(d / CA_FILE),
                           *tls("http"))
         base = f"https://{http.address}/v1"
         ca = ssl.create_default_context(cafile=str(d / CA_FILE))
