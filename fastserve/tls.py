@@ -116,7 +116,7 @@ def channel(address: str, tls: Tls | None, options: list | None = None,
 
 
 # ---- a CA for one machine -------------------------------------------------------------------
-CA_FILE, CERT_FILE, KEY_FILE = "ca.pem", "node.pem", "node-key.pem"
+CA_FILE = "ca.pem"
 
 
 def cert_files(directory: str | pathlib.Path, name: str = "node") -> tuple[str, str]:

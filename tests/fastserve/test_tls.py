@@ -9,6 +9,7 @@ process with another certificate of the same CA cannot use the worker's store le
 from __future__ import annotations
 
 import os
+import pathlib
 import stat
 
 import grpc
@@ -22,8 +23,6 @@ from fastserve.proto import kvstore_pb2_grpc, worker_pb2_grpc
 from fastserve.proto import worker_pb2 as wpb
 from fastserve.tls import (
     CA_FILE,
-    CERT_FILE,
-    KEY_FILE,
     Tls,
     cert_files,
     check_plaintext,
@@ -38,10 +37,11 @@ def _flags(d, name="node"):
 
 def test_the_local_ca_makes_its_files_once_with_a_private_key(tmp_path):
     d = make_local_ca(tmp_path / "tls")
-    assert stat.S_IMODE(os.stat(d / KEY_FILE).st_mode) == 0o600
-    before = (d / CERT_FILE).read_bytes()
+    cert, key = cert_files(d)
+    assert stat.S_IMODE(os.stat(key).st_mode) == 0o600
+    before = pathlib.Path(cert).read_bytes()
     make_local_ca(d)
-    assert (d / CERT_FILE).read_bytes() == before
+    assert pathlib.Path(cert).read_bytes() == before
     assert not list(d.glob("*ca-key*"))  # the CA's key is not kept
 
 
@@ -74,8 +74,8 @@ def test_tls_inside_and_out(tiny_tok_model, tmp_path):
             plain.generate("hi", max_tokens=2, timeout=5)
 
         def channels():
-            mine = Tls.load(str(d / CERT_FILE), str(d / KEY_FILE), str(d / CA_FILE))
-            foreign = Tls.load(str(other / CERT_FILE), str(other / KEY_FILE), str(d / CA_FILE))
+            mine = Tls.load(*cert_files(d), str(d / CA_FILE))
+            foreign = Tls.load(*cert_files(other), str(d / CA_FILE))
             assert mine is not None and foreign is not None
             yield "plaintext", lambda a: grpc.insecure_channel(a)
             yield "no certificate", lambda a: grpc.secure_channel(
@@ -101,7 +101,7 @@ def test_tls_inside_and_out(tiny_tok_model, tmp_path):
                         call()
                     assert err.value.code() == grpc.StatusCode.UNAVAILABLE, what
         # The cluster's own certificate is let in (the worker's store link uses it too).
-        mine = Tls.load(str(d / CERT_FILE), str(d / KEY_FILE), str(d / CA_FILE))
+        mine = Tls.load(*cert_files(d), str(d / CA_FILE))
         assert mine is not None
         with grpc.secure_channel(store.address, mine.channel_credentials()) as ch:
             stats = kvstore_pb2_grpc.KVStoreStub(ch).Stats(kpb.StatsRequest(), timeout=5)

@@ -15,14 +15,9 @@ from fastserve.proto import scheduler_pb2 as spb
 from fastserve.proto import scheduler_pb2_grpc
 
 
-@pytest.fixture
-def logs(tmp_path):
-    return tmp_path
-
-
-def test_a_killed_workers_stream_finishes_on_the_other_worker(tiny_tok_model, logs):
-    workers = [start_worker(str(tiny_tok_model), logs, 256, f"w{i}") for i in range(2)]
-    sched = start_scheduler(str(tiny_tok_model), [w.address for w in workers], logs)
+def test_a_killed_workers_stream_finishes_on_the_other_worker(tiny_tok_model, tmp_path):
+    workers = [start_worker(str(tiny_tok_model), tmp_path, 256, f"w{i}") for i in range(2)]
+    sched = start_scheduler(str(tiny_tok_model), [w.address for w in workers], tmp_path)
     by_address = {w.address: w for w in workers}
     try:
         with grpc.insecure_channel(sched.address) as ch:
@@ -49,11 +44,11 @@ def test_a_killed_workers_stream_finishes_on_the_other_worker(tiny_tok_model, lo
             w.stop()
 
 
-def test_with_one_worker_the_stream_waits_for_it_to_come_back(tiny_tok_model, logs):
+def test_with_one_worker_the_stream_waits_for_it_to_come_back(tiny_tok_model, tmp_path):
     port = free_port()
     args = ("--listen", f"127.0.0.1:{port}")
-    worker = start_worker(str(tiny_tok_model), logs, 256, "w", *args)
-    sched = start_scheduler(str(tiny_tok_model), [worker.address], logs)
+    worker = start_worker(str(tiny_tok_model), tmp_path, 256, "w", *args)
+    sched = start_scheduler(str(tiny_tok_model), [worker.address], tmp_path)
     back = []
     try:
         with grpc.insecure_channel(sched.address) as ch:
@@ -65,7 +60,7 @@ def test_with_one_worker_the_stream_waits_for_it_to_come_back(tiny_tok_model, lo
                 if n >= 100 and not killed.is_set():
                     killed.set()
                     worker.kill()
-                    back.append(start_worker(str(tiny_tok_model), logs, 256, "w2", *args))
+                    back.append(start_worker(str(tiny_tok_model), tmp_path, 256, "w2", *args))
 
             got, final = run(stub, "victim", kill_and_restart)
             assert killed.is_set() and back
@@ -78,12 +73,12 @@ def test_with_one_worker_the_stream_waits_for_it_to_come_back(tiny_tok_model, lo
             w.stop()
 
 
-def test_a_hung_worker_is_given_up_on_after_a_deadline_from_its_own_pace(tiny_tok_model, logs):
+def test_a_hung_worker_is_given_up_on_after_a_deadline_from_its_own_pace(tiny_tok_model, tmp_path):
     import os
     import signal
 
-    workers = [start_worker(str(tiny_tok_model), logs, 256, f"h{i}") for i in range(2)]
-    sched = start_scheduler(str(tiny_tok_model), [w.address for w in workers], logs)
+    workers = [start_worker(str(tiny_tok_model), tmp_path, 256, f"h{i}") for i in range(2)]
+    sched = start_scheduler(str(tiny_tok_model), [w.address for w in workers], tmp_path)
     by_address = {w.address: w for w in workers}
     stopped = []
     try:
@@ -114,15 +109,15 @@ def test_a_hung_worker_is_given_up_on_after_a_deadline_from_its_own_pace(tiny_to
 
 
 @pytest.mark.parametrize("restart", [False, True], ids=["two-replicas", "only-group-restarted"])
-def test_sixteen_streams_survive_a_kill_9(tiny_tok_model, logs, restart, capsys):
+def test_sixteen_streams_survive_a_kill_9(tiny_tok_model, tmp_path, restart, capsys):
     """16 streams in flight, kill -9 of a worker: 16 of 16 finish, each identical to an
     uninterrupted run, none sees an error; the longest pause a client saw is printed."""
     port = free_port()
     n = 1 if restart else 2
-    workers = [start_worker(str(tiny_tok_model), logs, 512, f"s{i}",
+    workers = [start_worker(str(tiny_tok_model), tmp_path, 512, f"s{i}",
                             *(["--listen", f"127.0.0.1:{port}"] if restart else []))
                for i in range(n)]
-    sched = start_scheduler(str(tiny_tok_model), [w.address for w in workers], logs,
+    sched = start_scheduler(str(tiny_tok_model), [w.address for w in workers], tmp_path,
                             "--max-batch-size", "16")
     by_address = {w.address: w for w in workers}
     back = []
@@ -162,7 +157,7 @@ def test_sixteen_streams_survive_a_kill_9(tiny_tok_model, logs, restart, capsys)
                     killed.set()
                     by_address[busy_worker(stub)].kill()
                     if restart:
-                        back.append(start_worker(str(tiny_tok_model), logs, 512, "s-back",
+                        back.append(start_worker(str(tiny_tok_model), tmp_path, 512, "s-back",
                                                  "--listen", f"127.0.0.1:{port}"))
 
             got, gaps = together("victim", kill)
