@@ -26,9 +26,6 @@ from scheduler_svc.loop import WorkerLoop
 
 log = logging.getLogger(__name__)
 
-# How long a lost group's jobs wait for a group to take them before they fail (the server
-# passes SchedulerConfig.worker_loss_wait_s).
-ORPHAN_TIMEOUT_S = 120.0
 Sink = Callable[[JobUpdate], None]
 
 
@@ -53,7 +50,9 @@ class GroupStatus:
 
 
 class Cluster:
-    def __init__(self, loops: list[WorkerLoop], orphan_timeout_s: float = ORPHAN_TIMEOUT_S):
+    def __init__(self, loops: list[WorkerLoop], orphan_timeout_s: float):
+        """``orphan_timeout_s``: how long a lost group's jobs wait for a group to take them
+        before they fail (SchedulerConfig.worker_loss_wait_s)."""
         self.loops = loops
         self.orphan_timeout_s = orphan_timeout_s
         # request id -> job, its group (None: its group was lost and none has taken it yet)
