@@ -284,6 +284,13 @@ def test_serve_end_to_end(tmp_path):
             want = sdk.generate(messages=msgs, max_tokens=16, temperature=0.0)
         assert got.choices[0].message.content == want.text
         assert got.usage.completion_tokens == want.usage.completion_tokens
+        chunks = list(oai.completions.create(model=models["data"][0]["id"], prompt="The sea",
+                                             max_tokens=12, temperature=0.0, stream=True,
+                                             stream_options={"include_usage": True}))
+        with Client(address) as sdk:
+            want = sdk.generate("The sea", max_tokens=12, temperature=0.0)
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == want.text
+        assert chunks[-1].usage.completion_tokens == want.usage.completion_tokens
 
         status = _cli("status", "--json", "--address", address)
         assert status.returncode == 0, status.stderr
