@@ -47,6 +47,7 @@ class GroupStatus:
     model: str
     stats: Stats | None  # the loop's last published snapshot
     predictor: str = ""  # the worker's output-length predictor (Describe), empty: none
+    tensor_parallel_size: int = 1  # ranks of the worker group (Describe)
 
 
 class Cluster:
@@ -184,6 +185,8 @@ class Cluster:
     def status(self) -> list[GroupStatus]:
         return [GroupStatus(lp.address, lp.state, lp.ready, lp.error,
                             lp.describe.model if lp.describe is not None else "", lp.stats,
-                            lp.describe.predictor if lp.describe is not None else "")
+                            lp.describe.predictor if lp.describe is not None else "",
+                            max(1, lp.describe.tensor_parallel_size)
+                            if lp.describe is not None else 1)
                 for lp in self.loops]
 

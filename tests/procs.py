@@ -63,6 +63,37 @@ def start_worker(model: str, log_dir: pathlib.Path, num_blocks: int = 512, name:
     return ServiceProcess("worker_svc", args, "worker listening on", log_dir / f"{name}.log")
 
 
+def start_group(model: str, log_dir: pathlib.Path, size: int, num_blocks: int = 512,
+                name: str = "worker", *extra: str) -> list[ServiceProcess]:
+    """A tensor-parallel worker group of ``size`` processes; rank 0 (first in the list) serves
+    gRPC. The ranks start together: each is ready only once all have joined."""
+    import concurrent.futures
+
+    group = ["--tensor-parallel-size", str(size), "--group-address", f"127.0.0.1:{free_port()}",
+             "--threads", str(max(1, (os.cpu_count() or 1) // size))]
+
+    def rank(r: int) -> ServiceProcess:
+        if r == 0:
+            return start_worker(model, log_dir, num_blocks, f"{name}-rank0", *group, *extra)
+        args = ["--model", model, "--num-blocks", str(num_blocks), *group,
+                "--tensor-parallel-rank", str(r), *extra]
+        return ServiceProcess("worker_svc", args, "worker rank", log_dir / f"{name}-rank{r}.log")
+
+    with concurrent.futures.ThreadPoolExecutor(size) as pool:
+        futures = [pool.submit(rank, r) for r in range(size)]
+        procs, errors = [], []
+        for f in futures:
+            try:
+                procs.append(f.result())
+            except RuntimeError as e:
+                errors.append(e)
+    if errors:
+        for p in procs:
+            p.stop()
+        raise errors[0]
+    return procs
+
+
 def start_kvstore(log_dir: pathlib.Path, budget_bytes: int | str, *extra: str,
                   name: str = "kvstore") -> ServiceProcess:
     """``python -m kvstore_svc`` on a free port (a later ``--listen`` in ``extra`` wins)."""

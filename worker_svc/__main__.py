@@ -80,6 +80,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="serve Prometheus /metrics on this port (0 = any free port, -1 = off)",
     )
     p.add_argument("--metrics-host", default=DEFAULT_HOST, help=HOST_HELP)
+    p.add_argument("--threads", type=int, default=None,
+                   help="PyTorch threads of this process (default: one per core); with several "
+                   "ranks on one machine, the cores divided among them")
+    g = p.add_argument_group("tensor parallelism (a worker group of several processes)")
+    g.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="ranks in this worker group; must divide the model's KV heads")
+    g.add_argument("--tensor-parallel-rank", type=int, default=0,
+                   help="this process's rank; only rank 0 serves gRPC (--listen), the others "
+                   "follow it")
+    g.add_argument("--group-address", default="127.0.0.1:29500", metavar="HOST:PORT",
+                   help="the group's rendezvous, bound by rank 0 (a torch.distributed "
+                   "TCPStore: keep it on a network only the group's hosts reach)")
+    g.add_argument("--group-timeout-s", type=float, default=30.0,
+                   help="a collective that takes longer declares the group lost")
     add_tls_args(p)
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
@@ -105,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     from worker_svc.compute_thread import ComputeThread
     from worker_svc.loader import EngineConfig, load_engine
     from worker_svc.metrics import WorkerMetrics
+    from worker_svc.parallel.follower import follow
+    from worker_svc.parallel.group import GroupLayout
     from worker_svc.server import create_server
 
     try:
@@ -113,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", e)
         return 2
     try:
+        layout = GroupLayout(args.tensor_parallel_rank, args.tensor_parallel_size,
+                             args.group_address if args.tensor_parallel_size > 1 else "",
+                             args.group_timeout_s)
         cfg = EngineConfig(
             model=args.model,
             device=args.device,
@@ -125,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
             kvstore_client_id=args.kvstore_client_id or f"{socket.gethostname()}:{os.getpid()}",
             predictor=args.predictor,
             kvstore_tls=tls,
+            group=layout,
+            threads=args.threads,
         )
         # Loaded on the thread that will run every Step (see compute_thread.py).
         compute = ComputeThread()
@@ -132,6 +153,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # bad settings or an unusable model: say why, no traceback
         log.error("%s", e)
         return 2
+    if layout.rank > 0:
+        # A follower serves nothing: it runs rank 0's Steps until told to stop or the group
+        # is lost. A signal ends it at once (its state dies with the group anyway).
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
+        print(f"worker rank {layout.rank} of {layout.size} following {args.group_address}",
+              flush=True)
+        return compute.run(follow, loaded.engine)
     if stop.is_set():
         return 0
     if args.profile_at_start:
@@ -167,6 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     log.info("shutting down")
     health_servicer.enter_graceful_shutdown()
     server.stop(grace=SHUTDOWN_GRACE_S).wait()
+    if loaded.engine.group is not None:  # the followers stop with rank 0
+        from worker_svc.parallel.group import GroupLost
+        try:
+            compute.run(loaded.engine.group.send_command, None)
+        except GroupLost as e:
+            log.info("the group's other ranks are gone already (%s)", e)
     loaded.engine.swap.close()
     log.info("stopped")
     return 0

@@ -35,6 +35,7 @@ import torch
 from worker_svc.errors import ErrorCode, JobRejected, KVLost
 from worker_svc.kv_pool import ClaimProblem, KVPool
 from worker_svc.model.llama import BatchMetadata, DecodeGroup, LlamaModel, PrefillSegment
+from worker_svc.parallel.group import GroupLost, TensorGroup
 from worker_svc.sampler import SamplingParams, sample
 from worker_svc.swap import Residency, SwapEngine, SwapStats
 
@@ -138,8 +139,12 @@ class Engine:
     """Executes StepCommands on one model and one KV pool."""
 
     def __init__(self, model: LlamaModel, pool: KVPool, max_context: int | None = None,
-                 swap: SwapEngine | None = None, probe: Probe | None = None):
+                 swap: SwapEngine | None = None, probe: Probe | None = None,
+                 group: TensorGroup | None = None):
         self.model = model
+        # A tensor-parallel group: rank 0 forwards each Step to the other ranks, samples for
+        # all of them, and every rank checks after the Step that they agree (parallel/group.py).
+        self.group = group
         self.probe = probe
         self.pool = pool
         self.device = pool.device
@@ -154,6 +159,16 @@ class Engine:
         return self.model.spec.vocab_size
 
     def step(self, cmd: StepCommand) -> StepOutcome:
+        """Execute one Step. With a group, raises GroupLost when the ranks fall apart."""
+        if self.group is not None and self.group.rank == 0:
+            self.group.send_command(cmd)
+        out = self._step(cmd)
+        if self.group is not None:
+            errors = sorted((e.job_id, e.code.value) for e in out.errors)
+            self.group.agree(f"{self.pool.num_used_blocks}|{len(self.jobs)}|{errors}")
+        return out
+
+    def _step(self, cmd: StepCommand) -> StepOutcome:
         out = StepOutcome()
         self.swap.begin_step()
         for job_id in cmd.free_job_ids:
@@ -196,6 +211,8 @@ class Engine:
             start = time.perf_counter()
             try:
                 out.results = self._run(batch, out.errors)
+            except GroupLost:
+                raise
             except Exception as e:  # noqa: BLE001 - one failed forward must not kill the worker
                 for job, _ in batch:
                     out.errors.append(JobError(job.job_id, ErrorCode.INTERNAL,
@@ -369,12 +386,7 @@ class Engine:
         logits = self.model.forward(input_ids, meta, self.pool)
         for job, n in batch:
             job.num_computed += n
-        tokens, logprobs, failed = sample(
-            logits,
-            [j.sampling for j in sample_jobs],
-            [j.num_generated for j in sample_jobs],
-            [j.job_id for j in sample_jobs],
-        )
+        tokens, logprobs, failed = self._sample(logits, sample_jobs)
         sampled = {}
         unsampled: set[int] = set()
         for i, (job, tok, lp) in enumerate(zip(sample_jobs, tokens, logprobs, strict=True)):
@@ -393,6 +405,22 @@ class Engine:
             results.append(JobResult(job.job_id, job.num_computed, tok, lp,
                                      predicted.get(job.job_id)))
         return results
+
+    def _sample(self, logits: torch.Tensor, jobs: list[_Job]
+                ) -> tuple[list[int], list[float | None], dict[int, str]]:
+        """Tokens, their logprobs and the rows that failed (row -> why); in a group, rank 0's
+        tokens on every rank (the others' logits are the same, their random draws need not be)."""
+        group = self.group
+        if group is not None and group.rank != 0:
+            shared = group.share_tokens([0] * len(jobs))
+            failed = {i: "sampling failed on rank 0" for i, t in enumerate(shared) if t < 0}
+            return shared, [None] * len(jobs), failed
+        tokens, logprobs, failed = sample(logits, [j.sampling for j in jobs],
+                                          [j.num_generated for j in jobs],
+                                          [j.job_id for j in jobs])
+        if group is not None:
+            group.share_tokens([-1 if i in failed else t for i, t in enumerate(tokens)])
+        return list(tokens), list(logprobs), failed
 
     def _observe(self, probed: list[int], sample_jobs: list[_Job],
                  meta: BatchMetadata) -> dict[int, float]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import pathlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -14,6 +14,8 @@ from worker_svc.kv_pool import KVPool, KVPoolConfig
 from worker_svc.model.config import ModelSpec, rope_tables
 from worker_svc.model.linear import KERNELS
 from worker_svc.model.llama import LlamaModel
+from worker_svc.parallel.group import GroupLayout, TensorGroup
+from worker_svc.parallel.shard import check_tensor_parallel, shard_spec, shard_weights
 from worker_svc.predictor import LengthPredictor, find_artifact
 from worker_svc.swap import SwapEngine
 
@@ -40,6 +42,10 @@ class EngineConfig:
     # Output-length predictor: "auto" (this model's cached artifact, if trained), "none", or
     # an artifact path (which must exist).
     predictor: str = "auto"
+    # This process's place in a tensor-parallel group (one rank of one by default).
+    group: GroupLayout = field(default_factory=GroupLayout)
+    # PyTorch's intra-op threads on this process (None: PyTorch's default, one per core).
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -54,15 +60,18 @@ class EngineConfig:
             raise ValueError(
                 f"num_blocks and block_size must be >= 1, got {self.num_blocks}, {self.block_size}"
             )
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
 
 
 @dataclass
 class LoadedModel:
     engine: Engine
-    spec: ModelSpec
+    spec: ModelSpec  # the whole model's (the engine's model holds this rank's shard)
     hf_config: object
     model_path: str
     predictor: str = ""  # what predicts output lengths (Describe), empty when nothing does
+    group: GroupLayout = field(default_factory=GroupLayout)
 
 
 def load_predictor(cfg: EngineConfig, model_path: str, spec: ModelSpec,
@@ -94,25 +103,37 @@ def load_predictor(cfg: EngineConfig, model_path: str, spec: ModelSpec,
 
 
 def load_engine(cfg: EngineConfig) -> LoadedModel:
+    """Load the model (this rank's shard of it, in a group) and its KV pool; in a group,
+    returns once every rank has joined."""
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     from fastserve.models import resolve_model
 
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
     path = str(resolve_model(cfg.model))
     dtype = DTYPES[cfg.dtype]
     device = torch.device(cfg.device)
-    log.info("loading %s (%s on %s)", path, cfg.dtype, device)
+    layout = cfg.group
+    log.info("loading %s (%s on %s%s)", path, cfg.dtype, device,
+             f", tensor-parallel rank {layout.rank} of {layout.size}" if layout.parallel else "")
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     try:
         gen_cfg = GenerationConfig.from_pretrained(path)
     except OSError:
         gen_cfg = None
-    spec = ModelSpec.from_hf_config(hf.config, gen_cfg)
-    weights = {k: v.detach().to(device) for k, v in hf.state_dict().items()}
+    full = ModelSpec.from_hf_config(hf.config, gen_cfg)
+    check_tensor_parallel(full, layout.size)  # said at start-up, naming the heads
+    spec = shard_spec(full, layout.size)
+    weights = shard_weights({k: v.detach().to(device) for k, v in hf.state_dict().items()},
+                            full, layout.rank, layout.size)
     max_positions = min(cfg.max_context or spec.max_position_embeddings,
                         spec.max_position_embeddings)
     cos, sin = rope_tables(hf.config, max_positions, device)
-    model = LlamaModel(spec, weights, cos, sin, linear_kernel=cfg.linear_kernel)
+    group = TensorGroup(layout, device) if layout.parallel else None
+    model = LlamaModel(spec, weights, cos, sin, linear_kernel=cfg.linear_kernel,
+                       all_reduce=group.all_reduce if group is not None else None)
+    model.computes_logits = layout.rank == 0  # only rank 0 samples
     log.info("linears on the %s kernel", model.linear_kernel)
     hf_config = hf.config
     del hf, weights
@@ -122,7 +143,11 @@ def load_engine(cfg: EngineConfig) -> LoadedModel:
         device,
         dtype,
     )
-    swap = SwapEngine(pool, cfg.kvstore, client_id=cfg.kvstore_client_id, tls=cfg.kvstore_tls)
-    predictor, described = load_predictor(cfg, path, spec, device)
-    return LoadedModel(Engine(model, pool, max_positions, swap, predictor), spec, hf_config,
-                       path, described)
+    # Each rank stores its own heads' part of a block under its own lease.
+    client_id = (f"{cfg.kvstore_client_id}/rank{layout.rank}" if layout.parallel
+                 else cfg.kvstore_client_id)
+    swap = SwapEngine(pool, cfg.kvstore, client_id=client_id, tls=cfg.kvstore_tls)
+    predictor, described = (load_predictor(cfg, path, full, device) if layout.rank == 0
+                            else (None, ""))
+    engine = Engine(model, pool, max_positions, swap, predictor, group)
+    return LoadedModel(engine, full, hf_config, path, described, layout)

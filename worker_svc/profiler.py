@@ -82,6 +82,8 @@ def cache_key(engine: Engine, model_path: str) -> str:
         "max_context": engine.max_context,
         "torch": torch.__version__,
     }
+    if engine.group is not None:  # one rank's share of the compute, plus the all-reduces
+        parts["tensor_parallel"] = engine.group.size
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
 

@@ -11,9 +11,11 @@ an empty pool.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
+from typing import NoReturn
 
 import grpc
 from grpc_health.v1 import health
@@ -27,6 +29,7 @@ from worker_svc import profiler, wire
 from worker_svc.compute_thread import ComputeThread, ComputeThreadClosed
 from worker_svc.engine import ErrorCode, JobError, StepCommand, StepOutcome
 from worker_svc.loader import LoadedModel
+from worker_svc.parallel.group import EXIT_GROUP_LOST, GroupLost
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +63,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     ) -> pb.DescribeResponse:
         spec, pool = self.loaded.spec, self.engine.pool
         store = self.engine.swap.info()
+        ranks = self.loaded.group.size  # each holds 1/ranks of every block, its own lease
         return pb.DescribeResponse(
             model=self.model_arg,
             model_path=str(self.loaded.model_path),
@@ -67,7 +71,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             device=str(pool.device),
             block_size=pool.block_size,
             num_blocks=pool.num_blocks,
-            kv_bytes_per_block=pool.config.bytes_per_block(pool.dtype),
+            kv_bytes_per_block=pool.config.bytes_per_block(pool.dtype) * ranks,
             first_layer=0,
             end_layer=spec.num_layers,
             num_layers=spec.num_layers,
@@ -79,10 +83,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             worker_version=fastserve.__version__,
             kvstore_address=store.address,
             store_connected=store.connected,
-            store_capacity_blocks=store.capacity_blocks,
+            store_capacity_blocks=store.capacity_blocks // ranks,
             store_same_node=store.same_node,
             store_block_bytes=store.block_bytes,
             predictor=self.loaded.predictor,
+            tensor_parallel_size=ranks,
         )
 
     def Profile(
@@ -106,6 +111,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 "(free them, or profile before attaching a scheduler)")
         try:
             return profiler.get_profile(self.engine, self.loaded.model_path, force=True), None, ""
+        except GroupLost as e:
+            group_lost(e)
         except Exception as e:  # reported to the caller
             log.exception("profiling failed")
             return None, grpc.StatusCode.INTERNAL, f"profiling failed: {e}"
@@ -138,11 +145,18 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         try:
             cmd, errors = wire.step_command_from_proto(request)
             out = self.engine.step(cmd)
+        except GroupLost as e:
+            group_lost(e)
         except Exception as e:  # one failed Step must not end the stream
             log.exception("step %d failed", request.step_id)
             out = _fail_all(request, f"step failed: {type(e).__name__}: {e}")
         else:
             out.errors[:0] = errors
+        if log.isEnabledFor(logging.DEBUG) and (request.swap_out or request.swap_in
+                                                 or out.errors):
+            log.debug("step %d: swap out %s, in %s; errors %s", request.step_id,
+                      [s.job_id for s in request.swap_out], [s.job_id for s in request.swap_in],
+                      [(e.job_id, e.code.name, e.message) for e in out.errors])
         # Recomputed from the engine, so it stays right even after a Step that failed midway.
         owned.update(j.job_id for j in request.new_jobs)
         owned.intersection_update(self.engine.jobs)
@@ -158,11 +172,22 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         live = sorted(j for j in owned if j in self.engine.jobs)
         if live:
             before = self.engine.pool.num_used_blocks
-            self.engine.step(StepCommand(free_job_ids=live))
+            try:
+                self.engine.step(StepCommand(free_job_ids=live))
+            except GroupLost as e:
+                group_lost(e)
             log.info("scheduler detached: %s; freed %d jobs (%d blocks)", peer, len(live),
                      before - self.engine.pool.num_used_blocks)
         else:
             log.info("scheduler detached: %s; no jobs to free", peer)
+
+
+def group_lost(e: GroupLost) -> NoReturn:
+    """A rank of this group is gone: this process's state is worthless, so it exits at once
+    (the scheduler sees the worker go, moves its jobs; the supervisor restarts the group)."""
+    log.error("worker group lost: %s; exiting", e)
+    logging.shutdown()
+    os._exit(EXIT_GROUP_LOST)
 
 
 def _fail_all(request: pb.StepRequest, message: str) -> StepOutcome:

@@ -8,6 +8,7 @@ over their gathered KV blocks.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -59,8 +60,15 @@ class LlamaModel:
     """Weights as plain tensors and a forward pass; no nn.Module bookkeeping on the hot path."""
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], cos: torch.Tensor,
-                 sin: torch.Tensor, linear_kernel: str = "auto"):
+                 sin: torch.Tensor, linear_kernel: str = "auto",
+                 all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None):
+        # ``spec`` and ``weights`` are one tensor-parallel rank's shard when ``all_reduce``
+        # (the group's sum over ranks) is given: the attention and MLP outputs are then
+        # partial sums, completed by it (worker_svc/parallel/shard.py).
         self.spec = spec
+        self._all_reduce = all_reduce
+        # False on a group's ranks that do not sample: the LM head is skipped.
+        self.computes_logits = True
         s = spec
         self.embed = weights["model.embed_tokens.weight"]
         self.lm_head = Linear(self.embed if s.tie_word_embeddings else weights["lm_head.weight"])
@@ -93,6 +101,12 @@ class LlamaModel:
                                    if isinstance(v, Linear))]
         # Timed on these very weights when "auto" (see linear.py).
         self.linear_kernel = pick_kernel(linears, linear_kernel)
+
+    def _sum(self, partial: torch.Tensor) -> torch.Tensor:
+        """A row-parallel output completed over the group's ranks (itself without a group)."""
+        if self._all_reduce is None:
+            return partial
+        return self._all_reduce(partial.contiguous())
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # Same steps as transformers' LlamaRMSNorm: statistics in float32, cast back, scale.
@@ -146,19 +160,20 @@ class LlamaModel:
             v_slots.index_copy_(0, meta.slot_mapping, v)
             attn = self._attention(i, q, k, v, meta, pool)  # [T, heads * head_dim]
             if fused:
-                h = native.add_rms_norm(x, layer["o"](attn), layer["post_norm"], eps)
-                pending = layer["down"](native.silu_mul(layer["gate_up"](h)))
+                h = native.add_rms_norm(x, self._sum(layer["o"](attn)), layer["post_norm"], eps)
+                pending = self._sum(layer["down"](native.silu_mul(layer["gate_up"](h))))
             else:
-                x.add_(layer["o"](attn))
+                x.add_(self._sum(layer["o"](attn)))
                 h = self._rms_norm(x, layer["post_norm"])
                 gate, up = layer["gate_up"](h).chunk(2, dim=-1)
-                pending = layer["down"](F.silu(gate) * up)
+                pending = self._sum(layer["down"](F.silu(gate) * up))
             if i in meta.probe_layers and meta.logits_index is not None:
                 rows = meta.logits_index
                 meta.probes[i] = x[rows] + pending[rows]
         if pending is not None:
             x.add_(pending)
-        if meta.logits_index is None or meta.logits_index.numel() == 0:
+        if (meta.logits_index is None or meta.logits_index.numel() == 0
+                or not self.computes_logits):
             return torch.empty((0, s.vocab_size), dtype=torch.float32, device=x.device)
         x = self._rms_norm(x[meta.logits_index], self.final_norm)
         return self.lm_head(x).float()

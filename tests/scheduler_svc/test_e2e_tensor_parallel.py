@@ -1,0 +1,174 @@
+"""Tensor-parallel worker groups through the whole cluster (real processes, gloo, gRPC).
+
+Greedy output must be token for token transformers' ``generate()`` whatever the group's size:
+a tiny random-weight GQA Llama split 2 and 4 ways, with chunked prefill, mixed batches and a
+device pool small enough that jobs are offloaded to the store and uploaded again (each rank
+stores its own heads' part); and the default model over its 3 KV heads.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+import time
+
+import grpc
+import pytest
+import torch
+from procs import free_port, scrape_metrics, start_group, start_kvstore, start_scheduler
+
+from fastserve.proto import scheduler_pb2 as spb
+from fastserve.proto import scheduler_pb2_grpc
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def gqa_model(default_model_dir, tmp_path_factory):
+    """A random-weight Llama with 8 query heads over 4 KV heads (3 layers) and SmolLM2's
+    tokenizer."""
+    from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM
+
+    src = AutoConfig.from_pretrained(default_model_dir)
+    torch.manual_seed(1)
+    cfg = LlamaConfig(vocab_size=src.vocab_size, hidden_size=128, intermediate_size=256,
+                      num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=4,
+                      max_position_embeddings=1024, tie_word_embeddings=True,
+                      eos_token_id=src.eos_token_id, bos_token_id=src.bos_token_id)
+    path = tmp_path_factory.mktemp("gqa")
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    for f in default_model_dir.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
+            shutil.copy(f, path / f.name)
+    return path
+
+
+def reference(model_dir, prompts, max_tokens):
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    out = []
+    for ids in prompts:
+        x = torch.tensor([ids])
+        with torch.inference_mode():
+            y = hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
+                            max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                            pad_token_id=0)
+        out.append(y[0, len(ids):].tolist())
+    return out
+
+
+def generate(stub, ids, max_tokens):
+    req = spb.GenerateRequest(token_ids=spb.TokenIds(ids=ids), sampling=spb.SamplingOptions(
+        max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+    out = []
+    for msg in stub.Generate(req, timeout=600):
+        if msg.HasField("chunk"):
+            out += list(msg.chunk.token_ids)
+        else:
+            assert msg.final.finish_reason == spb.FINISH_REASON_LENGTH, msg.final
+    return out
+
+
+def concurrently(stub, prompts, max_tokens):
+    results: dict[int, object] = {}
+
+    def run(i):
+        try:
+            results[i] = generate(stub, prompts[i], max_tokens)
+        except Exception as e:  # noqa: BLE001 - handed to the test
+            results[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+        time.sleep(0.02)  # staggered: later prompts prefill beside earlier decodes
+    for t in threads:
+        t.join(600)
+    return [results[i] for i in range(len(prompts))]
+
+
+class GroupCluster:
+    def __init__(self, model, logs, size, num_blocks, *scheduler_args, store=True):
+        self.procs = []
+        worker_extra = ["--block-size", "8", "--log-level", "DEBUG"]
+        if store:
+            address = f"127.0.0.1:{free_port()}"
+            self.procs.append(start_kvstore(logs, 64 << 20, "--listen", address))
+            worker_extra += ["--kvstore", address]
+        self.group = start_group(str(model), logs, size, num_blocks, "worker", *worker_extra)
+        self.procs += self.group
+        self.metrics_port = free_port()
+        self.scheduler = start_scheduler(str(model), [self.group[0].address], logs,
+                                         "--metrics-port", str(self.metrics_port),
+                                         *scheduler_args)
+        self.procs.append(self.scheduler)
+        self.channel = grpc.insecure_channel(self.scheduler.address)
+        self.stub = scheduler_pb2_grpc.SchedulerStub(self.channel)
+
+    def metric(self, name):
+        return sum(v for (n, _), v in scrape_metrics(self.metrics_port).items() if n == name)
+
+    def close(self):
+        """The scheduler, then the group (rank 0 first: it stops its followers), then the
+        store."""
+        self.channel.close()
+        self.scheduler.stop()
+        self.group[0].stop()
+        for p in self.group[1:]:
+            try:
+                p.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                p.stop()
+        for p in self.procs[:-len(self.group) - 1]:
+            p.stop()
+
+
+@pytest.mark.parametrize("size", [1, 2, 4])
+def test_gqa_groups_match_transformers_through_offloads_and_chunks(gqa_model, tmp_path, size):
+    prompts = [[200 + 11 * i + k for k in range(30 + 9 * i)] for i in range(8)]  # 30-93 tokens
+    max_tokens = 40
+    expected = reference(gqa_model, prompts, max_tokens)
+    # 20 blocks of 8 tokens for 8 jobs of up to 17 blocks each: paused jobs leave the device;
+    # a 16-token prefill budget chunks every prompt and mixes the chunks into decodes.
+    cluster = GroupCluster(gqa_model, tmp_path, size, 20, "--policy", "skip-join-mlfq",
+                           "--kv-policy", "proactive", "--max-batch-size", "3",
+                           "--starve-limit", "0.3", "--max-batched-tokens", "16")
+    try:
+        got = concurrently(cluster.stub, prompts, max_tokens)
+        assert got == expected
+        assert cluster.metric("fastserve:kv_swap_outs_total") >= 3, "no offload pressure"
+        assert cluster.metric("fastserve:kv_swap_ins_total") >= 3
+        assert cluster.metric("fastserve:kv_lost_total") == 0
+        status = cluster.stub.Status(spb.StatusRequest())
+        assert [w.tensor_parallel_size for w in status.workers] == [size]
+        assert status.workers[0].num_used_blocks == 0
+        assert all(p.proc.poll() is None for p in cluster.group)
+    finally:
+        cluster.close()
+    # Rank 0 stopped its followers on the way out.
+    assert [p.proc.returncode for p in cluster.group] == [0] * size
+
+
+def test_a_group_size_that_does_not_divide_the_kv_heads_is_refused_by_name(gqa_model, tmp_path):
+    from procs import ServiceProcess
+
+    with pytest.raises(RuntimeError) as e:
+        ServiceProcess("worker_svc", ["--model", str(gqa_model), "--tensor-parallel-size", "3",
+                                      "--listen", "127.0.0.1:0"],
+                       "worker listening on", tmp_path / "w.log", timeout_s=120)
+    assert "tensor_parallel_size 3 must divide the model's 4 KV heads" in str(e.value)
+
+
+def test_smollm2_over_its_3_kv_heads_matches_transformers(default_model_dir, tmp_path):
+    prompts = [[1, 9690, 198] + [2000 + 37 * i + k for k in range(12 + 20 * i)]
+               for i in range(3)]
+    max_tokens = 16
+    expected = reference(default_model_dir, prompts, max_tokens)
+    cluster = GroupCluster(default_model_dir, tmp_path, 3, 256, "--max-batch-size", "4",
+                           store=False)
+    try:
+        assert concurrently(cluster.stub, prompts, max_tokens) == expected
+    finally:
+        cluster.close()

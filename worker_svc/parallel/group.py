@@ -1,0 +1,139 @@
+"""The link between the ranks of one tensor-parallel worker group (torch.distributed).
+
+Rank 0 is the only rank the scheduler talks to. Every Step it receives goes to the other ranks
+first (``send_command``), so that all ranks apply the same frees, swaps, admissions and
+commands to their own shard and run the same forward pass; inside it the model all-reduces
+twice per layer (``all_reduce``). Rank 0 samples and hands the tokens to the others
+(``share_tokens``), so sampling randomness never has to agree; at the end of a Step the ranks
+compare a fingerprint of their state (``agree``), and any difference, like any failed
+collective, is ``GroupLost``: the group's state can no longer be trusted, and its processes exit
+so that the supervisor restarts the whole group and the scheduler moves its jobs.
+
+Two process groups over one rendezvous (a TCPStore at rank 0's address): commands travel on one
+whose timeout is long, since followers wait on it while the group is idle; the forward pass's
+collectives on one with a bounded timeout, so a rank that hangs is noticed. gloo on CPU, NCCL
+on CUDA. Like every torch.distributed rendezvous, the address must be on a network only the
+group's hosts reach (``fastserve serve`` binds it to 127.0.0.1).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+# How long a follower waits for the next command: the group may be idle for days.
+COMMAND_TIMEOUT = datetime.timedelta(days=30)
+# Exit status of a rank whose group was lost (the supervisor restarts the group).
+EXIT_GROUP_LOST = 75
+
+
+class GroupLost(RuntimeError):
+    """A rank of this group died, hung, was cut off, or disagrees: the group's state is gone."""
+
+
+@dataclass(frozen=True)
+class GroupLayout:
+    """Where this process sits in its worker group."""
+
+    rank: int = 0
+    size: int = 1  # tensor-parallel ranks
+    address: str = ""  # HOST:PORT of the rendezvous (rank 0 binds it); "" when size is 1
+    timeout_s: float = 30.0  # bound on one collective inside a Step
+
+    def __post_init__(self) -> None:
+        if self.size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.size}")
+        if not 0 <= self.rank < self.size:
+            raise ValueError(f"tensor_parallel_rank must be in [0, {self.size}), got {self.rank}")
+        if self.size > 1:
+            host, _, port = self.address.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"group address must be HOST:PORT, got {self.address!r}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"group timeout must be positive, got {self.timeout_s}")
+
+    @property
+    def parallel(self) -> bool:
+        return self.size > 1
+
+
+class TensorGroup:
+    """This rank's end of the group; built once the rank's model is loaded."""
+
+    def __init__(self, layout: GroupLayout, device: torch.device,
+                 rendezvous_timeout_s: float = 900.0):
+        self.layout = layout
+        self.rank = layout.rank
+        self.size = layout.size
+        self.device = device
+        host, _, port = layout.address.rpartition(":")
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        store = dist.TCPStore(host, int(port), layout.size, is_master=layout.rank == 0,
+                              timeout=datetime.timedelta(seconds=rendezvous_timeout_s))
+        log.info("rank %d of %d: joining the group at %s (%s)", layout.rank, layout.size,
+                 layout.address, backend)
+        dist.init_process_group(backend, store=store, rank=layout.rank,
+                                world_size=layout.size,
+                                timeout=datetime.timedelta(seconds=layout.timeout_s))
+        # Commands always go over gloo: they are pickled objects, and their timeout is long.
+        self._commands = dist.new_group(backend="gloo", timeout=COMMAND_TIMEOUT)
+        self._store = store
+        log.info("rank %d of %d: group ready", layout.rank, layout.size)
+
+    # ---- inside the forward pass
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum ``t`` over the ranks, in place; returns it."""
+        try:
+            dist.all_reduce(t)
+        except Exception as e:
+            raise GroupLost(f"all-reduce failed: {e}") from e
+        return t
+
+    # ---- per Step
+
+    def send_command(self, cmd: Any) -> None:
+        """Rank 0: the next Step (or None to stop the followers) to every other rank."""
+        self._broadcast_object(cmd)
+
+    def receive_command(self) -> Any:
+        """A follower: wait for rank 0's next command."""
+        return self._broadcast_object(None)
+
+    def share_tokens(self, tokens: list[int]) -> list[int]:
+        """Rank 0's sampled tokens (-1: a row that could not be sampled), on every rank."""
+        t = torch.tensor(tokens if self.rank == 0 else [0] * len(tokens), dtype=torch.long)
+        try:
+            dist.broadcast(t, src=0, group=self._commands)
+        except Exception as e:
+            raise GroupLost(f"token broadcast failed: {e}") from e
+        return t.tolist()
+
+    def agree(self, state: str) -> None:
+        """Raise GroupLost unless every rank passes the same ``state`` (a Step's outcome)."""
+        digest = int.from_bytes(hashlib.sha256(state.encode()).digest()[:7], "little")
+        t = torch.tensor([digest, -digest], dtype=torch.long)
+        try:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._commands)
+        except Exception as e:
+            raise GroupLost(f"state check failed: {e}") from e
+        if int(t[0]) != -int(t[1]):
+            raise GroupLost(f"rank {self.rank}: the group's ranks disagree after a step "
+                            f"(this rank: {state[:200]})")
+
+    def _broadcast_object(self, obj: Any) -> Any:
+        box = [obj]
+        try:
+            dist.broadcast_object_list(box, src=0, group=self._commands)
+        except Exception as e:
+            raise GroupLost(f"command broadcast failed: {e}") from e
+        return box[0]
+

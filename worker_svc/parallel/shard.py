@@ -1,0 +1,75 @@
+"""Megatron-style shards of a Llama-family model for one tensor-parallel rank.
+
+Rank r of T holds query heads ``[r*H/T, (r+1)*H/T)``, the KV heads they read
+``[r*K/T, (r+1)*K/T)`` (so its KV pool holds those heads only) and 1/T of the MLP's
+intermediate units. The q, k, v, gate and up projections split by output rows (column
+parallel); o_proj and down_proj split by input columns (row parallel), so each rank's output of
+those is a partial sum, and one all-reduce after attention and one after the MLP give every rank
+the whole residual stream. Norms, embeddings and the LM head are replicated. A row-parallel
+bias is added once, by rank 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from worker_svc.model.config import ModelSpec
+
+
+def check_tensor_parallel(spec: ModelSpec, size: int) -> None:
+    """Raise ValueError, naming the numbers, when ``size`` ranks cannot split ``spec``."""
+    if size < 1:
+        raise ValueError(f"tensor_parallel_size must be >= 1, got {size}")
+    for what, n in (("KV heads", spec.num_kv_heads), ("attention heads", spec.num_heads),
+                    ("MLP intermediate units", spec.intermediate_size)):
+        if n % size:
+            raise ValueError(
+                f"tensor_parallel_size {size} must divide the model's {n} {what}; "
+                f"with {spec.num_kv_heads} KV heads, choose a divisor of {spec.num_kv_heads}")
+
+
+def shard_spec(spec: ModelSpec, size: int) -> ModelSpec:
+    """The spec one rank computes with: 1/size of the heads and of the MLP."""
+    check_tensor_parallel(spec, size)
+    return dataclasses.replace(spec, num_heads=spec.num_heads // size,
+                               num_kv_heads=spec.num_kv_heads // size,
+                               intermediate_size=spec.intermediate_size // size)
+
+
+def shard_weights(weights: dict[str, torch.Tensor], spec: ModelSpec, rank: int,
+                  size: int) -> dict[str, torch.Tensor]:
+    """Rank ``rank``'s slices of a transformers Llama state dict (contiguous copies)."""
+    check_tensor_parallel(spec, size)
+    if not 0 <= rank < size:
+        raise ValueError(f"tensor_parallel_rank must be in [0, {size}), got {rank}")
+    if size == 1:
+        return weights
+    d = spec.head_dim
+    rows = {
+        "self_attn.q_proj": spec.num_heads * d // size,
+        "self_attn.k_proj": spec.num_kv_heads * d // size,
+        "self_attn.v_proj": spec.num_kv_heads * d // size,
+        "mlp.gate_proj": spec.intermediate_size // size,
+        "mlp.up_proj": spec.intermediate_size // size,
+    }
+    cols = {"self_attn.o_proj": spec.num_heads * d // size,
+            "mlp.down_proj": spec.intermediate_size // size}
+    out: dict[str, torch.Tensor] = {}
+    for name, w in weights.items():
+        parts = name.rsplit(".", 1)
+        module = parts[0].split(".", 3)[-1] if name.startswith("model.layers.") else ""
+        kind = parts[-1]
+        if module in rows:  # column parallel: its output rows (and bias) split
+            n = rows[module]
+            out[name] = w[rank * n:(rank + 1) * n].contiguous()
+        elif module in cols and kind == "weight":  # row parallel: its input columns split
+            n = cols[module]
+            out[name] = w[:, rank * n:(rank + 1) * n].contiguous()
+        elif module in cols:  # a row-parallel bias: added once, after the sum, by rank 0
+            if rank == 0:
+                out[name] = w
+        else:
+            out[name] = w
+    return out
