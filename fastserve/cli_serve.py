@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from fastserve.metrics_endpoint import DEFAULT_HOST, HOST_HELP
 from fastserve.tls import CA_FILE, cert_files, make_local_ca
@@ -34,6 +35,7 @@ from scheduler_svc.config_args import add_config_args, config_argv, config_from_
 
 KVSTORE_READY = "kvstore listening on "
 WORKER_READY = "worker listening on "
+FOLLOWER_READY = "worker rank "  # a worker group's other ranks: "worker rank R of T ..."
 SCHEDULER_READY = "scheduler listening on "
 HTTP_READY = "http listening on "
 # The first start on CPU loads (and may profile) the model; later starts take seconds.
@@ -92,6 +94,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="workers, each with the whole model and a KV pool of its own, behind "
                         "the one scheduler (which places each request on the least loaded); "
                         "they share the node's KV store")
+    p.add_argument("--tensor-parallel", type=int, default=1, metavar="T",
+                   help="processes per worker group, each with 1/T of the model's heads and "
+                        "MLP (T must divide the KV heads); the cores are shared among them")
     p.add_argument("--http-port", type=int, default=8000,
                    help="the OpenAI-compatible HTTP API's port, on --host (0 = pick one, "
                         "-1 = none)")
@@ -168,6 +173,35 @@ def worker_command(args: argparse.Namespace, kvstore: str | None = None,
     return cmd + tls_flags(args, "worker")
 
 
+def group_commands(args: argparse.Namespace, kvstore: str | None = None,
+                   index: int = 0) -> list[list[str]]:
+    """Worker group ``index``'s command lines, rank 0 first: ``--tensor-parallel`` ranks
+    meeting at a loopback rendezvous, the machine's cores divided among them. Rank 0 is
+    ``worker_command``'s worker; the others serve nothing and follow it."""
+    size = getattr(args, "tensor_parallel", 1)
+    rank0 = worker_command(args, kvstore, index)
+    if size == 1:
+        return [rank0]
+    threads = str(max(1, (os.cpu_count() or 1) // size))
+    group = ["--tensor-parallel-size", str(size), "--group-address",
+             f"127.0.0.1:{_free_port()}", "--threads", threads]
+    followers = []
+    for rank in range(1, size):
+        cmd = list(rank0)
+        i = cmd.index("--metrics-port")
+        del cmd[i:i + 2]  # only rank 0 serves (metrics, gRPC)
+        followers.append(cmd + group + ["--tensor-parallel-rank", str(rank)])
+    return [rank0 + group, *followers]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def worker_metrics_port(scheduler_port: int, offset: int = 1) -> int:
     """Metrics ports follow the scheduler's: worker +1, KV store +2; any (0) or off (-1)."""
     return scheduler_port + offset if scheduler_port > 0 else scheduler_port
@@ -200,32 +234,57 @@ def start_child(cmd: list[str], ready_prefix: str, timeout: float, *, name: str 
     stderr. Raises ``ChildFailed`` (with its last stderr lines) if it exits or is not ready
     within ``timeout`` s, and ``Stopped`` if ``stop`` is set meanwhile; either way it is gone.
     """
-    proc = Child(cmd)
-    ready: queue.Queue[str] = queue.Queue()
+    [(proc, address)] = start_children([(name, cmd, ready_prefix)], timeout, stop=stop)
+    return proc, address
 
+
+def start_children(specs: list[tuple[str, list[str], str]], timeout: float, *,
+                   stop: threading.Event | None = None) -> list[tuple[Child, str]]:
+    """Start every ``(name, cmd, ready_prefix)`` at once (the ranks of a worker group are
+    ready only together), then wait for each one's ready line, as ``start_child`` does for
+    one; if any fails, all are stopped."""
+    started: list[tuple[Child, queue.Queue[str]]] = []
+    for _, cmd, prefix in specs:
+        proc = Child(cmd)
+        ready: queue.Queue[str] = queue.Queue()
+        _pump(proc.stdout, _ready_line(prefix, ready), echo=False)
+        started.append((proc, ready))
+    deadline = time.monotonic() + timeout
+    out = []
+    try:
+        for (name, _, prefix), (proc, ready) in zip(specs, started, strict=True):
+            out.append((proc, _wait_ready(proc, ready, prefix, name, deadline, timeout, stop)))
+    except BaseException:
+        for proc, _ in started:
+            stop_child(proc)
+        raise
+    return out
+
+
+def _ready_line(prefix: str, ready: queue.Queue[str]) -> Callable[[str], None]:
     def on_stdout(line: str) -> None:
-        if line.startswith(ready_prefix) and ready.empty():
-            ready.put(line[len(ready_prefix):].strip())
+        if line.startswith(prefix) and ready.empty():
+            ready.put(line[len(prefix):].strip())
             return
         sys.stderr.write(line)
         sys.stderr.flush()
+    return on_stdout
 
-    _pump(proc.stdout, on_stdout, echo=False)
-    deadline = time.monotonic() + timeout
+
+def _wait_ready(proc: Child, ready: queue.Queue[str], prefix: str, name: str,
+                deadline: float, timeout: float, stop: threading.Event | None) -> str:
     while True:
         try:
-            return proc, ready.get(timeout=0.1)
+            return ready.get(timeout=0.1)
         except queue.Empty:
             pass
         if proc.poll() is not None and ready.empty():
             raise ChildFailed(f"{name} exited with code {proc.returncode} before it was "
                               f"ready; its last stderr lines:\n{proc.tail()}")
         if stop is not None and stop.is_set():
-            stop_child(proc)
             raise Stopped(name)
         if time.monotonic() > deadline:
-            stop_child(proc)
-            raise ChildFailed(f"{name} not ready after {timeout:g} s (no '{ready_prefix}...' "
+            raise ChildFailed(f"{name} not ready after {timeout:g} s (no '{prefix}...' "
                               f"line); its last stderr lines:\n{proc.tail()}")
 
 
@@ -248,6 +307,8 @@ def run(args: argparse.Namespace) -> int:
         config_from_args(args)  # a refused setting fails here, before anything starts
         if args.replicas < 1:
             raise ValueError(f"--replicas must be at least 1, got {args.replicas}")
+        if args.tensor_parallel < 1:
+            raise ValueError(f"--tensor-parallel must be at least 1, got {args.tensor_parallel}")
         resolve_model(args.model, progress=True)
         if getattr(args, "tls_dir", None):
             make_local_ca(args.tls_dir, TLS_ROLES)
@@ -276,30 +337,51 @@ def run(args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
 
 
+@dataclass
+class Unit:
+    """Children that live and die together: one service, or the ranks of a worker group
+    (when one rank dies the group's state is gone, so all of them restart)."""
+
+    name: str
+    specs: list[tuple[str, list[str], str]]  # (name, command, ready line prefix)
+    timeout: float
+    procs: list[Child] = field(default_factory=list)
+
+    def dead(self) -> Child | None:
+        return next((p for p in self.procs if p.poll() is not None), None)
+
+
 def _supervise(args: argparse.Namespace, stop: threading.Event,
                children: list[tuple[str, Child]]) -> int:
-    """Start the children, then restart any that dies (see ``Restarts``) until ``stop``."""
-    specs: list[tuple[str, list[str], str, float]] = []  # (name, command, ready line, timeout)
+    """Start the children, then restart any unit one of whose processes dies (see
+    ``Restarts``) until ``stop``."""
+    units: list[Unit] = []
 
-    def start(name: str, cmd: list[str], ready: str, timeout: float) -> str:
-        child, address = start_child(cmd, ready, timeout, name=name, stop=stop)
-        children.append((name, child))
+    def start(name: str, cmds: list[list[str]], ready: str, timeout: float) -> str:
+        names = [name] if len(cmds) == 1 else [f"{name}-rank{r}" for r in range(len(cmds))]
+        prefixes = [ready] + [FOLLOWER_READY] * (len(cmds) - 1)
+        unit = Unit(name, list(zip(names, cmds, prefixes, strict=True)), timeout)
+        started = start_children(unit.specs, timeout, stop=stop)
+        unit.procs = [p for p, _ in started]
+        children.extend(zip(names, unit.procs, strict=True))
+        address = started[0][1]
         # A restart must come back where the others look for it: on the port it got.
-        specs.append((name, pinned(cmd, address), ready, timeout))
+        unit.specs[0] = (names[0], pinned(cmds[0], address), ready)
+        units.append(unit)
         return address
 
     store_address = None
     if not args.no_kvstore:
-        store_address = start("kvstore", kvstore_command(args), KVSTORE_READY,
+        store_address = start("kvstore", [kvstore_command(args)], KVSTORE_READY,
                               KVSTORE_START_TIMEOUT_S)
     workers = [start("worker" if args.replicas == 1 else f"worker{i}",
-                     worker_command(args, store_address, i), WORKER_READY,
+                     group_commands(args, store_address, i), WORKER_READY,
                      WORKER_START_TIMEOUT_S) for i in range(args.replicas)]
-    address = start("scheduler", scheduler_command(args, ",".join(workers)), SCHEDULER_READY,
+    address = start("scheduler", [scheduler_command(args, ",".join(workers))], SCHEDULER_READY,
                     SCHEDULER_START_TIMEOUT_S)
     http = ""
     if args.http_port >= 0:
-        http_address = start("http", http_command(args, address), HTTP_READY,
+        http_address = start("http", [http_command(args, address)], HTTP_READY,
                              HTTP_START_TIMEOUT_S)
         scheme = "https" if getattr(args, "tls_dir", None) else "http"
         http = f"; OpenAI API at {scheme}://{http_address}/v1"
@@ -308,19 +390,26 @@ def _supervise(args: argparse.Namespace, stop: threading.Event,
           flush=True)
     restarts = Restarts(RESTART_LIMIT, RESTART_WINDOW_S, RESTART_BACKOFF_S)
     while not stop.wait(0.5):
-        for i, (name, child) in enumerate(children):
-            if child.poll() is None:
+        for unit in units:
+            dead = unit.dead()
+            if dead is None:
                 continue
-            delay = restarts.next_delay(name)  # raises ChildFailed past the limit
-            print(f"{name} exited unexpectedly with code {child.returncode}; restarting it in "
-                  f"{delay:.0f} s (the others keep serving). Its last stderr lines:\n"
-                  f"{child.tail()}", file=sys.stderr, flush=True)
+            delay = restarts.next_delay(unit.name)  # raises ChildFailed past the limit
+            dead_name = unit.specs[unit.procs.index(dead)][0]
+            others = " with the rest of its group" if len(unit.procs) > 1 else ""
+            print(f"{dead_name} exited unexpectedly with code {dead.returncode}; restarting "
+                  f"it{others} in {delay:.0f} s (the others keep serving). Its last stderr "
+                  f"lines:\n{dead.tail()}", file=sys.stderr, flush=True)
+            for p in unit.procs:
+                stop_child(p)
             if stop.wait(delay):
                 return 0
-            _, cmd, ready, timeout = specs[i]
-            new, _ = start_child(cmd, ready, timeout, name=name, stop=stop)
-            children[i] = (name, new)
-            print(f"{name} restarted", file=sys.stderr, flush=True)
+            started = start_children(unit.specs, unit.timeout, stop=stop)
+            for old, (new, _) in zip(unit.procs, started, strict=True):
+                i = next(k for k, (_, c) in enumerate(children) if c is old)
+                children[i] = (children[i][0], new)
+            unit.procs = [p for p, _ in started]
+            print(f"{unit.name} restarted", file=sys.stderr, flush=True)
     return 0
 
 

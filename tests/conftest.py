@@ -4,6 +4,7 @@
 ``default_model_dir``: SmolLM2-135M-Instruct, pulled and converted once (cached).
 ``tiny_tok_model``: a random-weight 2-layer Llama with SmolLM2's vocabulary and tokenizer
 files, for service tests where the text does not matter and speed does.
+``gqa_model``: the same with 8 query heads over 4 KV heads, for tensor-parallel groups.
 """
 
 from __future__ import annotations
@@ -32,6 +33,26 @@ def tiny_tok_model(default_model_dir, tmp_path_factory):
                       max_position_embeddings=2048, tie_word_embeddings=True,
                       eos_token_id=src.eos_token_id, bos_token_id=src.bos_token_id)
     path = tmp_path_factory.mktemp("tiny-tok")
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    for f in default_model_dir.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
+            shutil.copy(f, path / f.name)
+    return path
+
+
+@pytest.fixture(scope="session")
+def gqa_model(default_model_dir, tmp_path_factory):
+    """A random-weight Llama with 8 query heads over 4 KV heads (3 layers) and SmolLM2's
+    tokenizer."""
+    from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM
+
+    src = AutoConfig.from_pretrained(default_model_dir)
+    torch.manual_seed(1)
+    cfg = LlamaConfig(vocab_size=src.vocab_size, hidden_size=128, intermediate_size=256,
+                      num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=4,
+                      max_position_embeddings=1024, tie_word_embeddings=True,
+                      eos_token_id=src.eos_token_id, bos_token_id=src.bos_token_id)
+    path = tmp_path_factory.mktemp("gqa")
     LlamaForCausalLM(cfg).save_pretrained(path)
     for f in default_model_dir.iterdir():
         if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):

@@ -348,3 +348,62 @@ def test_tls_dir_gives_every_child_a_certificate_of_its_own(tmp_path):
     assert http[http.index("--scheduler") + 1] == "h:3" and "--insecure" in http
     plain = build_parser().parse_args(["serve"])
     assert "--tls-cert" not in cli_serve.scheduler_command(plain, "h:2")
+
+
+@pytest.mark.slow
+def test_serve_restarts_a_whole_tensor_parallel_group_and_the_stream_goes_on(gqa_model, tmp_path):
+    """The only worker group, 2 ranks: kill -9 of rank 1 mid-stream loses the group (rank 0
+    exits at its next collective); serve starts both ranks again and the client's stream
+    finishes token for token as an uninterrupted one, without an error."""
+    import grpc
+    from streams import run
+
+    from fastserve.proto import scheduler_pb2 as spb
+    from fastserve.proto import scheduler_pb2_grpc
+
+    port = free_port()
+    log = (tmp_path / "serve.log").open("w+")
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "fastserve.cli", "serve", "--model", str(gqa_model), "--port",
+         str(port), "--metrics-port", "-1", "--kv-blocks", "256", "--http-port", "-1",
+         "--no-kvstore", "--tensor-parallel", "2", "--predictor", "none"],
+        stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT)
+    try:
+        ready: list[str] = []
+        reader = threading.Thread(target=lambda: ready.append(serve.stdout.readline()),
+                                  daemon=True)
+        reader.start()
+        reader.join(timeout=300)
+        log.seek(0)
+        assert ready and ready[0].startswith("FastServe ready at "), log.read()[-4000:]
+        ranks = [pid for pid in _children(serve.pid) if "worker_svc" in _cmdline(pid)]
+        assert len(ranks) == 2
+        (follower,) = [pid for pid in ranks if "--tensor-parallel-rank 1" in _cmdline(pid)]
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = scheduler_pb2_grpc.SchedulerStub(ch)
+            want, _ = run(stub, "reference", tokens=600)
+            killed = threading.Event()
+
+            def kill_midway(n):
+                if n >= 100 and not killed.is_set():
+                    killed.set()
+                    os.kill(follower, signal.SIGKILL)
+
+            got, final = run(stub, "victim", kill_midway, tokens=600)
+            assert killed.is_set()
+            assert final.finish_reason == spb.FINISH_REASON_LENGTH, final.error_message
+            assert got == want
+            workers = stub.Status(spb.StatusRequest()).workers
+            assert [(w.state, w.tensor_parallel_size) for w in workers] == [("ready", 2)]
+        log.seek(0)
+        text = log.read()
+        assert "restarting it with the rest of its group" in text and "worker restarted" in text
+        new = [pid for pid in _children(serve.pid) if "worker_svc" in _cmdline(pid)]
+        assert len(new) == 2 and not set(new) & set(ranks)
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(timeout=60) == 0
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.wait()
+        log.close()

@@ -8,7 +8,6 @@ stores its own heads' part); and the default model over its 3 KV heads.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import threading
 import time
@@ -22,26 +21,6 @@ from fastserve.proto import scheduler_pb2 as spb
 from fastserve.proto import scheduler_pb2_grpc
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def gqa_model(default_model_dir, tmp_path_factory):
-    """A random-weight Llama with 8 query heads over 4 KV heads (3 layers) and SmolLM2's
-    tokenizer."""
-    from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM
-
-    src = AutoConfig.from_pretrained(default_model_dir)
-    torch.manual_seed(1)
-    cfg = LlamaConfig(vocab_size=src.vocab_size, hidden_size=128, intermediate_size=256,
-                      num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=4,
-                      max_position_embeddings=1024, tie_word_embeddings=True,
-                      eos_token_id=src.eos_token_id, bos_token_id=src.bos_token_id)
-    path = tmp_path_factory.mktemp("gqa")
-    LlamaForCausalLM(cfg).save_pretrained(path)
-    for f in default_model_dir.iterdir():
-        if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
-            shutil.copy(f, path / f.name)
-    return path
 
 
 def reference(model_dir, prompts, max_tokens):
@@ -172,3 +151,79 @@ def test_smollm2_over_its_3_kv_heads_matches_transformers(default_model_dir, tmp
         assert concurrently(cluster.stub, prompts, max_tokens) == expected
     finally:
         cluster.close()
+
+
+def timed_stream(stub, rid, ids, max_tokens, on_chunk=None):
+    """Token ids, the final message and the longest wait between two chunks."""
+    req = spb.GenerateRequest(token_ids=spb.TokenIds(ids=ids), request_id=rid,
+                              sampling=spb.SamplingOptions(max_tokens=max_tokens,
+                                                           temperature=0.0, ignore_eos=True))
+    out, final, last, pause = [], None, time.monotonic(), 0.0
+    for msg in stub.Generate(req, timeout=600):
+        now = time.monotonic()
+        if msg.HasField("final"):
+            final = msg.final
+            continue
+        pause, last = max(pause, now - last), now
+        out += list(msg.chunk.token_ids)
+        if on_chunk is not None:
+            on_chunk(len(out))
+    return out, final, pause
+
+
+def all_streams(stub, prefix, prompts, max_tokens, on_chunk=None):
+    """``timed_stream`` of every prompt at once; an exception in place of a failed one."""
+    results: dict[int, tuple] = {}
+
+    def run(i):
+        try:
+            results[i] = timed_stream(stub, f"{prefix}{i}", prompts[i], max_tokens,
+                                      None if on_chunk is None else lambda n: on_chunk(i, n))
+        except Exception as e:  # noqa: BLE001 - handed to the test
+            results[i] = (e, None, 0.0)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    return [results[i] for i in range(len(prompts))]
+
+
+def test_a_killed_rank_loses_its_group_and_16_streams_finish_on_the_other(gqa_model, tmp_path):
+    groups = [start_group(str(gqa_model), tmp_path, 2, 512, f"g{i}", "--group-timeout-s", "10")
+              for i in range(2)]
+    sched = start_scheduler(str(gqa_model), [g[0].address for g in groups], tmp_path,
+                            "--max-batch-size", "16")
+    prompts = [[300 + 13 * i + k for k in range(20 + 5 * i)] for i in range(16)]
+    tokens = 300
+    try:
+        with grpc.insecure_channel(sched.address) as ch:
+            stub = scheduler_pb2_grpc.SchedulerStub(ch)
+            want = [r[0] for r in all_streams(stub, "ref", prompts, tokens)]
+            killed = threading.Event()
+            progress = [0] * 16
+
+            def on_chunk(i, n):
+                progress[i] = n
+                if min(progress) >= 60 and not killed.is_set():
+                    killed.set()
+                    groups[0][1].kill()  # kill -9 of rank 1 of the first group
+
+            results = all_streams(stub, "s", prompts, tokens, on_chunk)
+            assert killed.is_set()
+            for i in range(16):
+                got, final, _ = results[i]
+                assert final is not None and final.finish_reason == spb.FINISH_REASON_LENGTH, \
+                    (i, got if isinstance(got, Exception) else final.error_message)
+                assert got == want[i], f"stream {i} differs after the failover"
+            print(f"longest pause a client saw: {max(r[2] for r in results):.2f} s")
+            # Rank 0 of the lost group noticed at its next collective and exited.
+            assert groups[0][0].proc.wait(30) == 75
+            states = sorted(w.state for w in stub.Status(spb.StatusRequest()).workers)
+            assert states == ["failed", "ready"]
+    finally:
+        sched.stop()
+        for g in groups:
+            for p in g:
+                p.stop()
