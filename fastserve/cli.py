@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     from fastserve.bench import engine as bench_engine
     from fastserve.bench import kvstore as bench_kvstore
     from fastserve.bench import overhead as bench_overhead
+    from fastserve.bench import parallel as bench_parallel
     from fastserve.bench import serve as bench_serve
 
     bench_engine.add_parser(bench_sub)
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_compare.add_parser(bench_sub)
     bench_breakdown.add_parser(bench_sub)
     bench_kvstore.add_parser(bench_sub)
+    bench_parallel.add_parser(bench_sub)
     return parser
 
 

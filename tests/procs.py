@@ -19,11 +19,14 @@ class ServiceProcess:
     """``python -m MODULE ARGS``; ready when stdout prints ``<prefix> HOST:PORT``."""
 
     def __init__(self, module: str, args: list[str], ready_prefix: str, log_path: pathlib.Path,
-                 timeout_s: float = 180.0, env: dict[str, str] | None = None):
+                 timeout_s: float = 180.0, env: dict[str, str] | None = None,
+                 prefix: list[str] | None = None):
+        """``prefix`` goes before the interpreter, e.g. ``ip netns exec NAME``."""
         self.log_path = log_path
         full_env = {**os.environ, **(env or {})}
         with open(log_path, "w") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT,
+            self.proc = subprocess.Popen([*(prefix or []), sys.executable, "-m", module, *args],
+                                         cwd=ROOT,
                                          env=full_env, stdout=subprocess.PIPE, stderr=log,
                                          text=True)
         deadline = time.monotonic() + timeout_s

@@ -23,7 +23,7 @@ import threading
 
 from fastserve.metrics_endpoint import DEFAULT_HOST, HOST_HELP
 from fastserve.models import DEFAULT_MODEL
-from fastserve.tls import add_tls_args, tls_from_args
+from fastserve.tls import add_tls_args, check_plaintext, tls_from_args
 
 SHUTDOWN_GRACE_S = 5.0
 
@@ -125,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         tls = tls_from_args(args)
+        if args.tensor_parallel_size > 1:  # gloo's traffic has no TLS and no authentication
+            check_plaintext(args.group_address, None, args.insecure)
     except (OSError, ValueError) as e:
         log.error("%s", e)
         return 2

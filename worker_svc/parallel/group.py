@@ -10,10 +10,11 @@ collective, is ``GroupLost``: the group's state can no longer be trusted, and it
 so that the supervisor restarts the whole group and the scheduler moves its jobs.
 
 Two process groups over one rendezvous (a TCPStore at rank 0's address): commands travel on one
-whose timeout is long, since followers wait on it while the group is idle; the forward pass's
-collectives on one with a bounded timeout, so a rank that hangs is noticed. gloo on CPU, NCCL
-on CUDA. Like every torch.distributed rendezvous, the address must be on a network only the
-group's hosts reach (``fastserve serve`` binds it to 127.0.0.1).
+whose timeout is long, since followers wait on it while the group is idle; everything inside a
+Step on one with a bounded timeout, so a rank that hangs is noticed. gloo on CPU, NCCL on CUDA;
+on CPU, ranks that share a host sum through shared memory instead (shm_reduce.py). Like every
+torch.distributed rendezvous, the address must be on a network only the group's hosts reach
+(``fastserve serve`` binds it to 127.0.0.1; another address needs ``--insecure``).
 """
 
 from __future__ import annotations
@@ -21,11 +22,15 @@ from __future__ import annotations
 import datetime
 import hashlib
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from worker_svc.parallel import shm_reduce
+from worker_svc.parallel.shm_reduce import ShmAllReduce
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +70,27 @@ class GroupLayout:
         return self.size > 1
 
 
+def _gloo_interface(host: str, port: int) -> str | None:
+    """The network interface this host reaches the rendezvous through, for gloo: by default
+    gloo binds to whatever the hostname resolves to (often 127.0.0.1), which other hosts
+    cannot reach."""
+    import fcntl
+    import socket
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((host, port))  # sends nothing: picks the route and its source address
+        local = probe.getsockname()[0]
+        for _, name in socket.if_nameindex():
+            try:  # SIOCGIFADDR: the interface's IPv4 address
+                raw = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
+            except OSError:
+                continue
+            if socket.inet_ntoa(raw[20:24]) == local:
+                return name
+    return None
+
+
 class TensorGroup:
     """This rank's end of the group; built once the rank's model is loaded."""
 
@@ -80,19 +106,51 @@ class TensorGroup:
                               timeout=datetime.timedelta(seconds=rendezvous_timeout_s))
         log.info("rank %d of %d: joining the group at %s (%s)", layout.rank, layout.size,
                  layout.address, backend)
+        if "GLOO_SOCKET_IFNAME" not in os.environ:  # an operator's choice wins
+            interface = _gloo_interface(host, int(port))
+            if interface is not None:
+                os.environ["GLOO_SOCKET_IFNAME"] = interface
         dist.init_process_group(backend, store=store, rank=layout.rank,
                                 world_size=layout.size,
                                 timeout=datetime.timedelta(seconds=layout.timeout_s))
         # Commands always go over gloo: they are pickled objects, and their timeout is long.
         self._commands = dist.new_group(backend="gloo", timeout=COMMAND_TIMEOUT)
         self._store = store
-        log.info("rank %d of %d: group ready", layout.rank, layout.size)
+        self._shm = self._shared_memory() if device.type == "cpu" else None
+        log.info("rank %d of %d: group ready, all-reduce over %s", layout.rank, layout.size,
+                 "shared memory" if self._shm is not None else backend)
+
+    def _shared_memory(self) -> ShmAllReduce | None:
+        """A shared-memory all-reduce when every rank is on this host (shm_reduce.py)."""
+        if not shm_reduce.usable():
+            return None
+        hosts: list[str | None] = [None] * self.size
+        dist.all_gather_object(hosts, shm_reduce.host_identity())
+        if len(set(hosts)) != 1:
+            return None
+        shm = None
+        try:
+            if self.rank == 0:
+                shm = ShmAllReduce(0, self.size, self.layout.timeout_s)
+            name = self._broadcast_object(shm.name if shm is not None else None)
+            if shm is None:
+                shm = ShmAllReduce(self.rank, self.size, self.layout.timeout_s, name)
+        except OSError as e:
+            log.warning("rank %d: no shared-memory all-reduce (%s); gloo instead", self.rank, e)
+            shm = None
+        ok = torch.tensor([1 if shm is not None else 0])
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # every rank attached, or none uses it
+        if shm is not None:
+            shm.unlink()  # all have mapped it: nothing is left behind if a rank dies
+        return shm if int(ok) == 1 else None
 
     # ---- inside the forward pass
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
-        """Sum ``t`` over the ranks, in place; returns it."""
+        """Sum ``t`` over the ranks, in place; returns it (the same bits on every rank)."""
         try:
+            if self._shm is not None and self._shm.fits(t):
+                return self._shm.all_reduce(t)
             dist.all_reduce(t)
         except Exception as e:
             raise GroupLost(f"all-reduce failed: {e}") from e
@@ -112,7 +170,9 @@ class TensorGroup:
         """Rank 0's sampled tokens (-1: a row that could not be sampled), on every rank."""
         t = torch.tensor(tokens if self.rank == 0 else [0] * len(tokens), dtype=torch.long)
         try:
-            dist.broadcast(t, src=0, group=self._commands)
+            if self._shm is not None and self._shm.fits(t):
+                return self._shm.all_reduce(t).tolist()  # the others add zeros
+            dist.broadcast(t, src=0)  # bounded: inside a Step
         except Exception as e:
             raise GroupLost(f"token broadcast failed: {e}") from e
         return t.tolist()
@@ -120,12 +180,16 @@ class TensorGroup:
     def agree(self, state: str) -> None:
         """Raise GroupLost unless every rank passes the same ``state`` (a Step's outcome)."""
         digest = int.from_bytes(hashlib.sha256(state.encode()).digest()[:7], "little")
-        t = torch.tensor([digest, -digest], dtype=torch.long)
+        t = torch.zeros(self.size, dtype=torch.long)
+        t[self.rank] = digest
         try:
-            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._commands)
+            if self._shm is not None:
+                self._shm.all_reduce(t)  # every rank's digest in its own place
+            else:
+                dist.all_reduce(t)
         except Exception as e:
             raise GroupLost(f"state check failed: {e}") from e
-        if int(t[0]) != -int(t[1]):
+        if len(set(t.tolist())) != 1:
             raise GroupLost(f"rank {self.rank}: the group's ranks disagree after a step "
                             f"(this rank: {state[:200]})")
 
