@@ -147,6 +147,26 @@ def test_worker_statefulset_gpu_layout_probes_and_store(helm):
     assert shm["emptyDir"]["medium"] == "Memory"
 
 
+def test_a_tensor_parallel_group_is_one_pod_with_a_container_per_rank(helm):
+    docs = render(helm, "-f", str(CHART / "ci" / "parallel-values.yaml"))
+    sts = by_kind(docs, "StatefulSet")
+    assert sts["spec"]["replicas"] == 2  # groups, not ranks
+    containers = sts["spec"]["template"]["spec"]["containers"]
+    assert [c["name"] for c in containers] == ["worker", "worker-rank1", "worker-rank2",
+                                               "worker-rank3"]
+    for rank, c in enumerate(containers):
+        assert f"--tensor-parallel-rank={rank}" in c["args"]
+        assert "--tensor-parallel-size=4" in c["args"]
+        assert "--group-address=127.0.0.1:29500" in c["args"]
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"  # a GPU per rank
+        assert {"name": "shm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+        serves = rank == 0  # only rank 0 listens for the scheduler and has probes
+        assert any(a.startswith("--listen=") for a in c["args"]) == serves
+        assert ("ports" in c, "readinessProbe" in c) == (serves, serves)
+    single = container(by_kind(render(helm), "StatefulSet"), "worker")
+    assert not any(a.startswith("--tensor-parallel") for a in single["args"])
+
+
 def test_kvstore_budget_follows_its_memory(helm):
     docs = render(helm, "--set", "kvstore.memoryGiB=8", "--set", "kvstore.budgetReserveMiB=512")
     ds = by_kind(docs, "DaemonSet")
@@ -231,7 +251,8 @@ def test_monitors_only_when_asked(helm):
     (["--set", "scheduler.config.policy=lifo"], "value must be one of"),
     (["--set", "scheduler.config.max_batch_size=0"], "minimum"),
     (["--set", "scheduler.config.no_such_setting=1"], "additional properties"),
-    (["--set", "workers.tensorParallel=2"], "workers.tensorParallel: groups of more than one"),
+    (["--set", "workers.pipelineParallel=2"], "workers.pipelineParallel: pipeline stages are"),
+    (["--set", "workers.tensorParallel=0"], "minimum"),
     (["--set", "workers.dtype=int3"], "value must be one of"),
 ])
 def test_bad_values_are_refused_with_the_field(helm, args, words):

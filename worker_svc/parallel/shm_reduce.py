@@ -14,17 +14,20 @@ data around them; on other architectures the group uses gloo (``usable``).
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import os
 import platform
+import secrets
 import socket
 import time
 
 import numpy as np
 import torch
 
-# The store's /dev/shm segments: created with a fresh name, attached without the resource
-# tracker, names checked.
-from kvstore_svc.shm import SharedSegment, attach
+# The store's way to map a segment by name: no resource tracker, the name checked, no link
+# followed.
+from kvstore_svc.shm import SHM_DIR, attach
 
 SLOT_BYTES = 4 << 20  # a larger tensor goes through gloo (every rank decides the same)
 # Spins before a wait yields its core: many while each rank has a core of its own, none when
@@ -52,16 +55,20 @@ class ShmAllReduce:
         self._spins = SPINS_WITH_A_CORE_EACH if size <= cores else 1
         header = 2 * size * 8
         self.nbytes = header + 2 * size * SLOT_BYTES
-        self._own: SharedSegment | None = None
-        if name is None:
-            self._own = SharedSegment(self.nbytes)
-            self.name = self._own.name
-            buf: memoryview | object = self._own.buf
-        else:
-            self.name = name
-            self._map = attach(name, self.nbytes)
-            buf = self._map
         create = name is None
+        if name is None:
+            name = f"fastserve-tp-{os.getpid()}-{secrets.token_hex(4)}"
+            fd = os.open(SHM_DIR / name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                         0o600)
+            try:
+                os.ftruncate(fd, self.nbytes)
+                self._map = mmap.mmap(fd, self.nbytes)
+            finally:
+                os.close(fd)
+        else:
+            self._map = attach(name, self.nbytes)
+        self.name, self._created = name, create
+        buf = self._map
         counters = np.frombuffer(buf, np.int64, 2 * size)
         self.ready, self.done = counters[:size], counters[size:]
         if create:
@@ -107,5 +114,6 @@ class ShmAllReduce:
 
     def unlink(self) -> None:
         """Rank 0, once every rank has attached: the name goes, the mappings stay."""
-        if self._own is not None:
-            self._own.close()
+        if self._created:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(SHM_DIR / self.name)

@@ -1,0 +1,187 @@
+"""Tensor parallelism's pieces without processes: the Megatron shards add up to the model,
+ranks in threads (a stand-in group) follow rank 0 and generate what one engine does, and the
+shared-memory all-reduce sums identically on every rank and gives up on a missing one."""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import threading
+
+import pytest
+import torch
+from engine_driver import DriverJob, drive
+
+from worker_svc.engine import Engine
+from worker_svc.kv_pool import KVPool, KVPoolConfig
+from worker_svc.loader import EngineConfig, load_engine
+from worker_svc.model.config import ModelSpec, rope_tables
+from worker_svc.model.llama import LlamaModel
+from worker_svc.parallel.follower import follow
+from worker_svc.parallel.group import GroupLost
+from worker_svc.parallel.shard import check_tensor_parallel, shard_spec, shard_weights
+from worker_svc.parallel.shm_reduce import ShmAllReduce
+
+
+def _hf(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+
+
+def test_a_group_size_must_divide_the_kv_heads_and_says_so(tiny_llama_dir):
+    spec = ModelSpec.from_hf_config(_hf(tiny_llama_dir).config)  # 4 heads over 2 KV heads
+    check_tensor_parallel(spec, 2)
+    with pytest.raises(ValueError, match="tensor_parallel_size 3 must divide the model's 2 KV"):
+        check_tensor_parallel(spec, 3)
+    local = shard_spec(spec, 2)
+    assert (local.num_heads, local.num_kv_heads, local.intermediate_size) == (2, 1, 64)
+
+
+def test_the_shards_outputs_add_up_to_the_whole_layers(tiny_llama_dir):
+    hf = _hf(tiny_llama_dir)
+    spec = ModelSpec.from_hf_config(hf.config)
+    full = hf.state_dict()
+    shards = [shard_weights(full, spec, r, 2) for r in range(2)]
+    x = torch.randn(5, spec.hidden_size)
+    p = "model.layers.0."
+    for name in ("self_attn.q_proj", "self_attn.k_proj", "mlp.gate_proj"):  # column parallel
+        w = p + name + ".weight"
+        parts = [x @ s[w].T for s in shards]
+        torch.testing.assert_close(torch.cat(parts, -1), x @ full[w].T)
+    for name in ("self_attn.o_proj", "mlp.down_proj"):  # row parallel: partial sums
+        w = p + name + ".weight"
+        inner = torch.randn(5, full[w].shape[1])
+        n = inner.shape[1] // 2
+        parts = [inner[:, r * n:(r + 1) * n] @ shards[r][w].T for r in range(2)]
+        torch.testing.assert_close(parts[0] + parts[1], inner @ full[w].T)
+    w = "model.embed_tokens.weight"
+    assert all(s[w] is full[w] for s in shards)  # replicated, not copied
+
+
+class ThreadGroup:
+    """The TensorGroup interface for ranks that are threads of one process."""
+
+    def __init__(self, size):
+        self.size = size
+        self.barrier = threading.Barrier(size, timeout=60)
+        self.slots = [None] * size
+        self.commands = [queue.Queue() for _ in range(size)]
+
+    def member(self, rank):
+        return _Member(self, rank)
+
+
+class _Member:
+    def __init__(self, group, rank):
+        self.g, self.rank, self.size = group, rank, group.size
+        self.reduces = 0
+
+    def _gather(self, value):
+        self.g.slots[self.rank] = value
+        self.g.barrier.wait()
+        out = list(self.g.slots)
+        self.g.barrier.wait()
+        return out
+
+    def all_reduce(self, t):
+        self.reduces += 1
+        parts = self._gather(t.clone())
+        total = parts[0].clone()
+        for part in parts[1:]:
+            total += part
+        return t.copy_(total)
+
+    def send_command(self, cmd):
+        for q in self.g.commands[1:]:
+            q.put(cmd)
+
+    def receive_command(self):
+        return self.g.commands[self.rank].get(timeout=60)
+
+    def share_tokens(self, tokens):
+        return list(self._gather(list(tokens))[0])
+
+    def agree(self, state):
+        if len(set(self._gather(state))) != 1:
+            raise GroupLost("ranks disagree")
+
+
+def _shard_engine(path, member, size, num_blocks=64):
+    hf = _hf(path)
+    full = ModelSpec.from_hf_config(hf.config)
+    spec = shard_spec(full, size)
+    weights = shard_weights(hf.state_dict(), full, member.rank, size)
+    cos, sin = rope_tables(hf.config, full.max_position_embeddings, torch.device("cpu"))
+    model = LlamaModel(spec, weights, cos, sin, linear_kernel="blas",
+                       all_reduce=member.all_reduce)
+    model.computes_logits = member.rank == 0
+    pool = KVPool(KVPoolConfig(spec.num_layers, spec.num_kv_heads, spec.head_dim, num_blocks, 4),
+                  torch.device("cpu"), torch.float32)
+    return Engine(model, pool, None, group=member)
+
+
+def _jobs():
+    return [DriverJob(i, [3 + 5 * i + k for k in range(7 + 9 * i)], 12, arrival=i)
+            for i in range(4)]
+
+
+def test_ranks_in_threads_follow_rank_0_and_generate_what_one_engine_does(tiny_llama_dir):
+    single = load_engine(EngineConfig(str(tiny_llama_dir), num_blocks=64, block_size=4,
+                                      linear_kernel="blas")).engine
+    want = drive(single, _jobs(), chunk=5)
+    group = ThreadGroup(2)
+    members = [group.member(r) for r in range(2)]
+    engines = [_shard_engine(tiny_llama_dir, m, 2) for m in members]
+    exit_code = []
+    follower = threading.Thread(target=lambda: exit_code.append(follow(engines[1])))
+    follower.start()
+    got = drive(engines[0], _jobs(), chunk=5)
+    members[0].send_command(None)
+    follower.join(60)
+    assert got == want
+    assert exit_code == [0]
+    assert members[1].reduces == members[0].reduces > 0  # two per layer per forward, in step
+    assert engines[1].pool.num_used_blocks == engines[0].pool.num_used_blocks == 0
+    assert engines[1].pool.config.num_kv_heads == 1  # its heads only
+
+
+def _shm_rank(rank, size, name_q, out_q, value):
+    shm = ShmAllReduce(rank, size, 10.0, None if rank == 0 else name_q.get())
+    if rank == 0:
+        for _ in range(size - 1):
+            name_q.put(shm.name)
+    sums = []
+    for k in range(50):  # many in a row: the two buffers alternate under the ranks
+        t = torch.full((1000,), value * (k + 1), dtype=torch.float32)
+        t[rank] += 0.1
+        sums.append(shm.all_reduce(t).clone())
+    out_q.put((rank, torch.stack(sums).tolist()))  # plain lists: the process exits next
+    if rank == 0:
+        shm.unlink()
+
+
+def test_the_shared_memory_all_reduce_sums_identically_on_every_rank():
+    ctx = multiprocessing.get_context("spawn")
+    name_q, out_q = ctx.Queue(), ctx.Queue()
+    values = [1.0, 2.5, -0.75]
+    procs = [ctx.Process(target=_shm_rank, args=(r, 3, name_q, out_q, values[r]))
+             for r in range(3)]
+    for p in procs:
+        p.start()
+    results = {r: torch.tensor(v) for r, v in (out_q.get(timeout=120) for _ in procs)}
+    for p in procs:
+        p.join(30)
+    assert torch.equal(results[0], results[1]) and torch.equal(results[1], results[2])
+    expected = sum(values) * torch.arange(1, 51, dtype=torch.float32)
+    torch.testing.assert_close(results[0][:, 5], expected)
+    torch.testing.assert_close(results[0][:, 0], expected + 0.1)
+
+
+def test_the_shared_memory_all_reduce_gives_up_on_a_rank_that_never_comes():
+    shm = ShmAllReduce(0, 2, 0.3)
+    try:
+        with pytest.raises(TimeoutError, match="did not reach all-reduce 1"):
+            shm.all_reduce(torch.ones(4))
+    finally:
+        shm.unlink()
