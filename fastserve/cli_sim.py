@@ -73,6 +73,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "policy runs with each (default: the scheduler's, proactive)")
     p.add_argument("--store-blocks", type=int, default=0,
                    help="KV store capacity in blocks for offloaded KV (default 0: no store)")
+    p.add_argument("--replicas", type=int, default=1,
+                   help="worker groups, each with its own pool and store share; a request "
+                   "joins the least loaded (fewest live jobs, then most free blocks), as the "
+                   "cluster layer places it (default 1)")
     p.add_argument("--swap-gbps", type=float, default=None,
                    help="device <-> store copy bandwidth, GB/s (default: the cost model's)")
     p.add_argument("--kv-bytes-per-token", type=int, default=None,
@@ -241,7 +245,8 @@ def run(args: argparse.Namespace) -> int:
     sim = {"cost_model": cost_model, "num_blocks": args.num_blocks,
            "block_size": args.block_size, "max_context": args.max_context,
            "store_blocks": args.store_blocks, "prediction_sigma": args.prediction_sigma,
-           "prediction_seed": args.seed, "predictions": predictions}
+           "prediction_seed": args.seed, "predictions": predictions,
+           "replicas": args.replicas}
 
     rows: list[dict] = []
     for label, config in configs.items():
@@ -258,7 +263,8 @@ def run(args: argparse.Namespace) -> int:
                   f"{result.num_clipped} outputs clipped to the max context", file=sys.stderr)
         rows.append({"label": label, **result.summary()})
     print(f"trace {args.trace}  cost model {cost_model.name}  blocks {args.num_blocks} x "
-          f"{args.block_size}  store blocks {args.store_blocks}  max batch "
+          f"{args.block_size}  store blocks {args.store_blocks}  replicas {args.replicas}  "
+          f"max batch "
           f"{next(iter(configs.values())).max_batch_size}")
     print(_header())
     for row in rows:

@@ -135,7 +135,7 @@ class WorkerLoop:
         """(live jobs, -free KV blocks): the smaller, the better a place for a new job."""
         if self.core is None:
             return (1 << 62, 0)
-        return (len(self.core.jobs), -self.core.kv.num_free)
+        return self.core.load()
 
     def _publish(self) -> None:
         """A Stats snapshot for readers on other threads (metrics scrapes) and for Status."""

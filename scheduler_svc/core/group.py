@@ -167,6 +167,11 @@ class GroupCore:
         del self.jobs[job.job_id]
 
     # ---- one iteration -------------------------------------------------------------------
+    def load(self) -> tuple[int, int]:
+        """(live jobs, -free KV blocks): the smaller, the better a place for a new job (the
+        cluster layer's placement rule, and the simulator's across replicas)."""
+        return (len(self.jobs), -self.kv.num_free)
+
     def has_work(self) -> bool:
         return bool(self.jobs) or bool(self._pending_frees)
 

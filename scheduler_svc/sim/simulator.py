@@ -161,8 +161,11 @@ def simulate(
     prediction_seed: int = 0,
     predictions: Sequence[float] | None = None,
     fast_forward: bool = True,
+    replicas: int = 1,
 ) -> SimResult:
-    """Run ``requests`` through a ``GroupCore`` with ``config.policy`` on one simulated worker.
+    """Run ``requests`` through a ``GroupCore`` with ``config.policy`` on one simulated worker
+    (``replicas`` of them: each request joins the least loaded when it arrives, as the
+    cluster layer places it; each has its own pool, store share and copy engine).
 
     ``max_context`` defaults to the whole KV pool (``num_blocks * block_size``); ``rate`` only
     labels the summary; ``progress(n)`` is told each time n more requests finish (tqdm's
@@ -209,17 +212,20 @@ def simulate(
         noise = random.Random(prediction_seed)
         predicted = [s.output_tokens * math.exp(noise.gauss(0.0, prediction_sigma))
                      for s in specs]
-    core = GroupCore(config, num_blocks, block_size, max_context, cost_model=cost_model,
-                         store_blocks=store_blocks)
+    if replicas < 1:
+        raise ValueError(f"replicas must be >= 1, got {replicas}")
+    groups = [_Group(GroupCore(config, num_blocks, block_size, max_context,
+                               cost_model=cost_model, store_blocks=store_blocks))
+              for _ in range(replicas)]
     swap_time = cost_model.swap_time
-    copy_free_at = 0.0  # the copy engine is busy until then
-    upload_done: dict[int, float] = {}  # job id -> when its upload completes
     records: list[RequestRecord | None] = [None] * len(specs)
     iteration_time = cost_model.iteration_time
     times: dict[tuple[int, int], float] = {}  # iteration_time is pure; batches repeat
     num_iterations = 0
     next_i, num_specs = 0, len(specs)
-    now = specs[0].arrival_s if specs else 0.0
+    start = specs[0].arrival_s if specs else 0.0
+    for g in groups:
+        g.now = start
     # For stop_above_s_per_token: sum of finished jobs' latency per token, and over live jobs
     # the sums of 1/output and arrival/output (their bound at time t is t*inv - arr).
     done_per_token = live_inv = live_arr = 0.0
@@ -227,6 +233,8 @@ def simulate(
     prompts: dict[int, list[int]] = {}  # read-only: the core never changes a prompt
 
     def admit_until(t: float) -> None:
+        """Every request arrived by ``t`` joins a group by the cluster layer's rule (the least
+        loaded, GroupCore.load); an idle group's clock moves up to the arrival."""
         nonlocal next_i, live_inv, live_arr
         while next_i < num_specs and specs[next_i].arrival_s <= t:
             s = specs[next_i]
@@ -235,7 +243,10 @@ def simulate(
                 prompt = prompts[s.input_tokens] = [1] * s.input_tokens
             job = Job(next_i, prompt, s.output_tokens, s.arrival_s,
                       ignore_eos=True, predicted_output_tokens=predicted[next_i])
-            core.add(job, s.arrival_s)
+            g = groups[0] if replicas == 1 else min(
+                groups, key=lambda h: (h.core.load(), groups.index(h)))
+            g.core.add(job, s.arrival_s)
+            g.now = max(g.now, s.arrival_s)
             live_inv += 1.0 / s.output_tokens
             live_arr += s.arrival_s / s.output_tokens
             next_i += 1
@@ -255,22 +266,32 @@ def simulate(
         """The mean latency per token every request is certain to exceed at time ``t``."""
         return (done_per_token + t * live_inv - live_arr) / num_specs
 
-    num_idle_plans = 0  # plans in a row that computed nothing while jobs were live
     stopped_at: float | None = None
+    now = start
     while True:
+        # The group whose next iteration starts first acts (one group: always it).
+        live = [g for g in groups if g.core.jobs]
+        if not live:
+            if next_i == num_specs:
+                break
+            admit_until(specs[next_i].arrival_s)
+            continue
+        g = min(live, key=lambda h: h.now)
+        core = g.core
+        now = g.now
         admit_until(now)
         plan = core.schedule(now) if core.has_work() else None
         if plan is None:
-            if not core.jobs and next_i == num_specs:
-                break
             # Nothing runs. With no free block no arrival can change that (every job needs a
             # block to compute), so waiting for one, as the service would, never ends.
-            if core.jobs and (next_i == num_specs or core.kv.num_free == 0):
+            if next_i == num_specs or core.kv.num_free == 0:
                 raise _stalled(core, now, config)
-            now = max(now, specs[next_i].arrival_s)
+            g.now = max(now, specs[next_i].arrival_s)
+            if replicas > 1 and g.now > now:
+                admit_until(g.now)  # the next arrival may go to another group
             continue
-        num_idle_plans = num_idle_plans + 1 if not plan.commands and core.jobs else 0
-        if num_idle_plans > MAX_IDLE_PLANS:
+        g.num_idle_plans = g.num_idle_plans + 1 if not plan.commands and core.jobs else 0
+        if g.num_idle_plans > MAX_IDLE_PLANS:
             raise _stalled(core, now, config)
         # Answer like a worker: a job samples in the iteration that computes its last known
         # token (the command says which).
@@ -286,16 +307,16 @@ def simulate(
                                        SIM_TOKEN if cmd.samples else None))
         wait = 0.0
         if plan.swap_out or plan.swap_in:
-            t_copy = max(now, copy_free_at)
+            t_copy = max(now, g.copy_free_at)
             for jid in plan.swap_out:
                 t_copy += swap_time(core.jobs[jid].kv.stored, block_size)
             for sw in plan.swap_in:
                 t_copy += swap_time(len(sw.block_ids), block_size)
-                upload_done[sw.job_id] = t_copy
-            copy_free_at = t_copy
-        if upload_done:
+                g.upload_done[sw.job_id] = t_copy
+            g.copy_free_at = t_copy
+        if g.upload_done:
             for cmd in plan.commands:
-                done_at = upload_done.pop(cmd.job_id, None)
+                done_at = g.upload_done.pop(cmd.job_id, None)
                 if done_at is not None and done_at > now + wait:
                     wait = done_at - now
         if plan.commands:
@@ -315,11 +336,14 @@ def simulate(
                 num_done += 1
         if check_invariants:
             core.check_invariants()
-        now = end
+        now = g.now = end
         stopping = stop_above_s_per_token is not None and bound(now) > stop_above_s_per_token
-        # The iterations after this one that would repeat its batch unchanged, at once.
-        starts = (window(core, t, now, specs[next_i].arrival_s if next_i < num_specs
-                         else math.inf, SIM_TOKEN)
+        # The iterations after this one that would repeat its batch unchanged, at once (with
+        # several groups, only until the next arrival or another group's next iteration).
+        horizon = specs[next_i].arrival_s if next_i < num_specs else math.inf
+        if replicas > 1:
+            horizon = min([horizon, *(h.now for h in groups if h is not g and h.core.jobs)])
+        starts = (window(core, t, now, horizon, SIM_TOKEN)
                   if fast_forward and not stopping else [])
         if starts:
             # Arrivals during the window are admitted as the service would, before the
@@ -336,7 +360,7 @@ def simulate(
                 record(job)
                 num_done += 1
             num_iterations += len(starts)
-            now = starts[-1] + t
+            now = g.now = starts[-1] + t
             if check_invariants:
                 core.check_invariants()
             stopping = (stop_above_s_per_token is not None
@@ -349,14 +373,27 @@ def simulate(
     done_records = [r for r in records if r is not None]
     assert stopped_at is not None or len(done_records) == num_specs, (
         f"{num_specs - len(done_records)} requests unfinished")
+    cores = [g.core for g in groups]
     return SimResult(
         policy=config.policy, cost_model=cost_model.name, rate=rate, records=done_records,
-        num_iterations=num_iterations, num_preemptions=core.num_preemptions,
-        num_skipped=skipped, num_clipped=clipped, sim_end_s=now,
-        kv_policy=config.kv_policy, num_recomputes=core.kv.num_recomputes,
-        num_swap_outs=core.kv.num_swap_outs, num_swap_ins=core.kv.num_swap_ins,
-        swap_wait_s=core.swap_wait_s, stopped_at_s_per_token=stopped_at,
+        num_iterations=num_iterations, num_preemptions=sum(c.num_preemptions for c in cores),
+        num_skipped=skipped, num_clipped=clipped, sim_end_s=max(now, *(g.now for g in groups)),
+        kv_policy=config.kv_policy, num_recomputes=sum(c.kv.num_recomputes for c in cores),
+        num_swap_outs=sum(c.kv.num_swap_outs for c in cores),
+        num_swap_ins=sum(c.kv.num_swap_ins for c in cores),
+        swap_wait_s=sum(c.swap_wait_s for c in cores), stopped_at_s_per_token=stopped_at,
     )
+
+
+@dataclass
+class _Group:
+    """One simulated worker group: its core, its copy engine and its clock."""
+
+    core: GroupCore
+    now: float = 0.0  # when its next iteration may start
+    copy_free_at: float = 0.0  # its copy engine is busy until then
+    upload_done: dict[int, float] = field(default_factory=dict)  # job id -> upload complete
+    num_idle_plans: int = 0  # plans in a row that computed nothing while jobs were live
 
 
 def _stalled(core: GroupCore, now: float, config: SchedulerConfig) -> RuntimeError:
@@ -411,6 +448,7 @@ def throughput_at_slo(
     prediction_sigma: float | None = None,
     prediction_seed: int = 0,
     predictions: Sequence[float] | None = None,
+    replicas: int = 1,
 ) -> SloSearch:
     """The highest arrival rate whose mean latency per output token stays under the SLO.
 
@@ -428,7 +466,7 @@ def throughput_at_slo(
                           max_context=max_context, rate=rate, progress=progress,
                           store_blocks=store_blocks, stop_above_s_per_token=slo,
                           prediction_sigma=prediction_sigma, prediction_seed=prediction_seed,
-                          predictions=predictions)
+                          predictions=predictions, replicas=replicas)
         if result.stopped_at_s_per_token is not None:  # a certain miss, ended early
             search.curve.append(SloPoint(rate, result.stopped_at_s_per_token, False, {},
                                          lower_bound=True))

@@ -304,3 +304,31 @@ def test_a_preemptive_policy_keeps_fcfs_throughput_under_overload():
         assert s["throughput_tokens_s"] >= 0.95 * fcfs["throughput_tokens_s"], label
         assert r.num_swap_outs <= 6 * n and r.num_recomputes <= 0.1 * n, label
         assert r.swap_wait_s <= 0.05 * s["makespan_s"], label
+
+
+def test_replicas_share_the_load_and_keep_the_core_consistent():
+    """R groups at R times the rate: each request joins the least loaded group (the cluster
+    layer's rule), every request finishes once, the cores stay consistent, and the mean JCT
+    stays near one group's at the one-group rate."""
+    one = simulate(make_requests(300, rate=4.0), config=SchedulerConfig(policy="fcfs"),
+                   cost_model=COST, num_blocks=256)
+    for policy in ("fcfs", "skip-join-mlfq", "predictive"):
+        config = SchedulerConfig(policy=policy, kv_policy="proactive")
+        three = simulate(make_requests(900, rate=12.0), config=config, cost_model=COST,
+                         num_blocks=256, replicas=3, check_invariants=True, store_blocks=512,
+                         prediction_sigma=0.5)
+        assert len(three.records) == 900
+        if policy == "fcfs":
+            ratio = three.summary()["mean_jct_s"] / one.summary()["mean_jct_s"]
+            assert 0.7 < ratio < 1.3, ratio
+    with pytest.raises(ValueError, match="replicas must be >= 1"):
+        simulate(make_requests(3), config=SchedulerConfig(), cost_model=COST, num_blocks=64,
+                 replicas=0)
+
+
+def test_one_replica_is_the_plain_simulation():
+    reqs = make_requests(200, rate=8.0, seed=3)
+    config = SchedulerConfig(policy="skip-join-mlfq")
+    a = simulate(reqs, config=config, cost_model=COST, num_blocks=128)
+    b = simulate(reqs, config=config, cost_model=COST, num_blocks=128, replicas=1)
+    assert a.records == b.records and a.num_iterations == b.num_iterations
