@@ -112,6 +112,8 @@ class Batcher:
             elif stuck and holders_seen == num_holding:
                 break
             if kv.stored:  # offloaded: swapped in now, in the Step that runs it
+                if job.job_id in plan.swap_out:
+                    continue  # offloaded by this very plan: back once the result confirms it
                 n = 1 if job.num_pending == 1 else min(job.num_pending, budget)
                 need = blocks_for(kv.num_computed + n, bs)
                 # Reactive swapping makes room here, on the critical path; the proactive
@@ -335,7 +337,8 @@ class Batcher:
                 break
             self.kv_policy.evict(victim, plan, drop_ok=True)
         if oldest.kv.stored:
-            if blocks_for(oldest.kv.num_computed + n, bs) > ledger.num_free:
+            if (ledger.moved(oldest, plan)
+                    or blocks_for(oldest.kv.num_computed + n, bs) > ledger.num_free):
                 return
             ledger.swap_in(oldest, plan)
         n = self._fit(oldest, n, whole=False)

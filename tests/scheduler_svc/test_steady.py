@@ -101,3 +101,27 @@ def test_the_walk_ends_once_prefills_take_the_budget_whatever_the_queue():
     # The first job's 200-token prompt takes the 64-token budget: nobody behind it can get a
     # token, and the walk used to read every queued job to find that out.
     assert _walked(10) == _walked(5000) <= 3
+
+
+@pytest.mark.parametrize("kv", sorted(KV_POLICY_CLASSES))
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_no_plan_moves_a_job_twice(policy, kv, monkeypatch):
+    """A Step offloads or uploads a job at most once: the worker applies all swap-outs before
+    the swap-ins, so "offload, upload, offload" of one job in one plan reached it as two
+    offloads and failed the job ("already offloaded"); the simulator's ledger crashed on it."""
+    real = GroupCore.schedule
+    moves = []
+
+    def checked(self, now):
+        plan = real(self, now)
+        if plan is not None:
+            ids = plan.swap_out + [s.job_id for s in plan.swap_in]
+            moves.append(len(ids))
+            assert len(ids) == len(set(ids)), (plan.swap_out, plan.swap_in)
+        return plan
+
+    monkeypatch.setattr(GroupCore, "schedule", checked)
+    for seed in (1, 2, 3):
+        sim(overload(200, rate=14.0, seed=seed), policy, kv, fast=True)
+    if KV_POLICY_CLASSES[kv].swaps and policy in ("skip-join-mlfq", "mlfq", "predictive"):
+        assert sum(moves) > 0, "no swaps: the workload put no pressure on the pool"

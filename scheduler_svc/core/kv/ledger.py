@@ -150,6 +150,14 @@ class KVLedger:
         return (kv.on_worker and kv.num_computed > 0
                 and len(kv.blocks) == blocks_for(kv.num_computed, self.block_size))
 
+    @staticmethod
+    def moved(job: Job, plan: StepPlan) -> bool:
+        """Whether ``plan`` already offloads or uploads ``job``. A job moves at most once per
+        Step: the worker applies a Step's swap-outs before its swap-ins, so an offload, upload
+        and offload again of one job in one plan reached it as two offloads ("already
+        offloaded"), and a job uploaded back in the Step that offloads it gains nothing."""
+        return job.job_id in plan.swap_out or any(s.job_id == job.job_id for s in plan.swap_in)
+
     # ---- device blocks ----------------------------------------------------------------------
     def claim(self, job: Job, num_blocks: int) -> None:
         """Reserve ``num_blocks`` freed for ``job`` in the next Step."""

@@ -71,6 +71,8 @@ class KVPolicy:
         """Free ``victim``'s device blocks: offload when swapping and the store has room, else
         drop its KV when this policy drops or ``drop_ok``. Whether its blocks were freed."""
         ledger = self.ledger
+        if ledger.moved(victim, plan):
+            return False  # one move per job per Step: the worker applies swap-outs first
         if (self.swapping() and ledger.swappable(victim)
                 and len(victim.kv.blocks) <= ledger.store_free()):
             ledger.swap_out(victim, plan)
