@@ -239,6 +239,28 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def _start_serve(tmp_path, *args: str):
+    """``fastserve serve ARGS`` (no metrics), once it printed its ready line: the process, its
+    stderr log (open, at its start) and the ready line. Stops it if it never gets ready."""
+    log = (tmp_path / "serve.log").open("w+")
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "fastserve.cli", "serve", "--metrics-port", "-1", *args],
+        stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT)
+    ready: list[str] = []
+    reader = threading.Thread(target=lambda: ready.append(serve.stdout.readline()),
+                              daemon=True)
+    reader.start()
+    reader.join(timeout=300)
+    log.seek(0)
+    if not (ready and ready[0].startswith("FastServe ready at ")):
+        serve.kill()
+        serve.wait()
+        text = log.read()[-4000:]
+        log.close()
+        raise AssertionError(f"fastserve serve did not get ready:\n{text}")
+    return serve, log, ready
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "fastserve.cli", *args], capture_output=True,
                           text=True, check=False, timeout=120, cwd=ROOT)
@@ -248,19 +270,9 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.skipif(not _scheduler_available(), reason="python -m scheduler_svc does not exist yet")
 def test_serve_end_to_end(tmp_path):
     port = free_port()
-    log = (tmp_path / "serve.log").open("w+")
-    serve = subprocess.Popen(
-        [sys.executable, "-m", "fastserve.cli", "serve", "--port", str(port), "--metrics-port",
-         "-1", "--kv-blocks", "256", "--http-port", "0"], stdout=subprocess.PIPE, stderr=log,
-        text=True, cwd=ROOT)
+    serve, log, ready = _start_serve(tmp_path, "--port", str(port), "--kv-blocks", "256",
+                                     "--http-port", "0")
     try:
-        ready: list[str] = []
-        reader = threading.Thread(target=lambda: ready.append(serve.stdout.readline()),
-                                  daemon=True)
-        reader.start()
-        reader.join(timeout=300)
-        log.seek(0)
-        assert ready and ready[0].startswith("FastServe ready at "), log.read()[-4000:]
         address = f"127.0.0.1:{port}"
         assert address in ready[0]
         children = _children(serve.pid)
@@ -362,20 +374,10 @@ def test_serve_restarts_a_whole_tensor_parallel_group_and_the_stream_goes_on(gqa
     from fastserve.proto import scheduler_pb2_grpc
 
     port = free_port()
-    log = (tmp_path / "serve.log").open("w+")
-    serve = subprocess.Popen(
-        [sys.executable, "-m", "fastserve.cli", "serve", "--model", str(gqa_model), "--port",
-         str(port), "--metrics-port", "-1", "--kv-blocks", "256", "--http-port", "-1",
-         "--no-kvstore", "--tensor-parallel", "2", "--predictor", "none"],
-        stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT)
+    serve, log, _ = _start_serve(tmp_path, "--model", str(gqa_model), "--port", str(port),
+                                 "--kv-blocks", "256", "--http-port", "-1", "--no-kvstore",
+                                 "--tensor-parallel", "2", "--predictor", "none")
     try:
-        ready: list[str] = []
-        reader = threading.Thread(target=lambda: ready.append(serve.stdout.readline()),
-                                  daemon=True)
-        reader.start()
-        reader.join(timeout=300)
-        log.seek(0)
-        assert ready and ready[0].startswith("FastServe ready at "), log.read()[-4000:]
         ranks = [pid for pid in _children(serve.pid) if "worker_svc" in _cmdline(pid)]
         assert len(ranks) == 2
         (follower,) = [pid for pid in ranks if "--tensor-parallel-rank 1" in _cmdline(pid)]

@@ -115,7 +115,7 @@ class TensorGroup:
                                 timeout=datetime.timedelta(seconds=layout.timeout_s))
         # Commands always go over gloo: they are pickled objects, and their timeout is long.
         self._commands = dist.new_group(backend="gloo", timeout=COMMAND_TIMEOUT)
-        self._store = store
+        self._store = store  # rank 0 serves the rendezvous for as long as it holds it
         self._shm = self._shared_memory() if device.type == "cpu" else None
         log.info("rank %d of %d: group ready, all-reduce over %s", layout.rank, layout.size,
                  "shared memory" if self._shm is not None else backend)
@@ -128,16 +128,20 @@ class TensorGroup:
         dist.all_gather_object(hosts, shm_reduce.host_identity())
         if len(set(hosts)) != 1:
             return None
-        shm = None
-        try:
-            if self.rank == 0:
+        shm, name = None, None
+        if self.rank == 0:
+            try:
                 shm = ShmAllReduce(0, self.size, self.layout.timeout_s)
-            name = self._broadcast_object(shm.name if shm is not None else None)
-            if shm is None:
+                name = shm.name
+            except OSError as e:
+                log.warning("rank 0: no shared-memory all-reduce (%s); gloo instead", e)
+        name = self._broadcast_object(name)  # None: rank 0 could not make one
+        if self.rank != 0 and name is not None:
+            try:
                 shm = ShmAllReduce(self.rank, self.size, self.layout.timeout_s, name)
-        except OSError as e:
-            log.warning("rank %d: no shared-memory all-reduce (%s); gloo instead", self.rank, e)
-            shm = None
+            except OSError as e:
+                log.warning("rank %d: no shared-memory all-reduce (%s); gloo instead",
+                            self.rank, e)
         ok = torch.tensor([1 if shm is not None else 0])
         dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # every rank attached, or none uses it
         if shm is not None:
