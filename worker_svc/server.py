@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import NoReturn
@@ -37,6 +38,10 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Worker"].full_name
 # A scheduler that reconnects right after its previous stream broke may arrive before the
 # worker has noticed; waiting this long for the old stream to finish avoids a spurious refusal.
 ATTACH_WAIT_S = 2.0
+# A tensor-parallel group's rank 0 runs an empty Step on every rank when it has had none for
+# this long, so an idle group notices a rank that died (and exits, to be restarted) before a
+# request finds out.
+HEARTBEAT_S = 2.0
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
@@ -57,6 +62,27 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.on_step = on_step  # called with each Step's outcome and commanded tokens (metrics)
         # Held by the Step stream that drives the engine.
         self._attached = threading.Lock()
+        self._last_step = time.monotonic()
+        if self.engine.group is not None:
+            threading.Thread(target=self._heartbeat, name="group-heartbeat", daemon=True).start()
+
+    def _heartbeat(self) -> None:
+        while True:
+            time.sleep(HEARTBEAT_S / 2)
+            if time.monotonic() - self._last_step < HEARTBEAT_S:
+                continue
+            try:
+                self.compute.run(self._empty_step)
+            except ComputeThreadClosed:
+                return
+
+    def _empty_step(self) -> None:
+        """Compute thread: nothing to do but meet every rank (a dead one loses the group)."""
+        self._last_step = time.monotonic()
+        try:
+            self.engine.step(StepCommand())
+        except GroupLost as e:
+            group_lost(e)
 
     def Describe(
         self, request: pb.DescribeRequest, context: grpc.ServicerContext
@@ -142,6 +168,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     def _execute(self, request: pb.StepRequest, owned: set[int]) -> tuple[StepOutcome, int]:
         """Compute thread: one Step; returns its outcome and the blocks in use after it."""
+        self._last_step = time.monotonic()
         try:
             cmd, errors = wire.step_command_from_proto(request)
             out = self.engine.step(cmd)

@@ -227,3 +227,18 @@ def test_a_killed_rank_loses_its_group_and_16_streams_finish_on_the_other(gqa_mo
         for g in groups:
             for p in g:
                 p.stop()
+
+
+def test_an_idle_group_notices_a_dead_rank_by_itself(gqa_model, tmp_path):
+    """No request in flight: rank 0's heartbeat (an empty Step on every rank) finds the dead
+    rank, and rank 0 exits so that its supervisor restarts the group."""
+    group = start_group(str(gqa_model), tmp_path, 2, 64, "idle")
+    try:
+        time.sleep(3)  # a few heartbeats with both ranks alive change nothing
+        assert group[0].proc.poll() is None and group[1].proc.poll() is None
+        group[1].kill()
+        assert group[0].proc.wait(30) == 75
+        assert "worker group lost" in group[0].log()
+    finally:
+        for p in group:
+            p.stop()
