@@ -11,7 +11,9 @@ so that no new work reaches the worker, then the worker, then the store (SIGTERM
 after 10 s), and exits 0. A child that
 dies on its own is started again on the same port after a backoff (1 s, doubled per restart
 within 10 minutes) while the others keep serving; one that dies a sixth time within 10
-minutes stops everything, and the command exits 1.
+minutes stops everything, and the command exits 1. With ``--tensor-parallel T`` each worker
+group is T processes that start together and, when any of them dies, are all stopped and
+started again together (the group's state died with the one rank).
 """
 
 from __future__ import annotations

@@ -9,6 +9,12 @@ With ``--kvstore HOST:PORT`` the worker offloads KV blocks to that store (connec
 background: a store that is not up yet fails swaps UNAVAILABLE until it is). On SIGTERM or
 SIGINT the health status turns NOT_SERVING, in-flight RPCs get 5 s to finish, the store lease is
 released, and the process exits 0.
+
+In a tensor-parallel group (``--tensor-parallel-size T``) every rank loads its shard and joins
+the group at ``--group-address``; rank 0 then serves as above (and stops its followers on the
+way out), while rank R > 0 prints ``worker rank R of T following HOST:PORT`` and runs rank 0's
+Steps until it stops them. When the group is lost (a rank dead, hung or unreachable) every
+rank exits 75.
 """
 
 from __future__ import annotations
