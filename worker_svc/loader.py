@@ -130,9 +130,7 @@ def load_engine(cfg: EngineConfig) -> LoadedModel:
     max_positions = min(cfg.max_context or spec.max_position_embeddings,
                         spec.max_position_embeddings)
     cos, sin = rope_tables(hf.config, max_positions, device)
-    group = TensorGroup(layout, device) if layout.parallel else None
-    model = LlamaModel(spec, weights, cos, sin, linear_kernel=cfg.linear_kernel,
-                       all_reduce=group.all_reduce if group is not None else None)
+    model = LlamaModel(spec, weights, cos, sin, linear_kernel=cfg.linear_kernel)
     model.computes_logits = layout.rank == 0  # only rank 0 samples
     log.info("linears on the %s kernel", model.linear_kernel)
     hf_config = hf.config
@@ -149,5 +147,10 @@ def load_engine(cfg: EngineConfig) -> LoadedModel:
     swap = SwapEngine(pool, cfg.kvstore, client_id=client_id, tls=cfg.kvstore_tls)
     predictor, described = (load_predictor(cfg, path, full, device) if layout.rank == 0
                             else (None, ""))
+    # Joined last, once everything slow here is done: from now on rank 0's commands (and
+    # heartbeats) come within seconds.
+    group = TensorGroup(layout, device) if layout.parallel else None
+    if group is not None:
+        model.use_group(group.all_reduce)
     engine = Engine(model, pool, max_positions, swap, predictor, group)
     return LoadedModel(engine, full, hf_config, path, described, layout)

@@ -30,7 +30,7 @@ from worker_svc import profiler, wire
 from worker_svc.compute_thread import ComputeThread, ComputeThreadClosed
 from worker_svc.engine import ErrorCode, JobError, StepCommand, StepOutcome
 from worker_svc.loader import LoadedModel
-from worker_svc.parallel.group import EXIT_GROUP_LOST, GroupLost
+from worker_svc.parallel.group import EXIT_GROUP_LOST, HEARTBEAT_S, GroupLost
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +38,9 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Worker"].full_name
 # A scheduler that reconnects right after its previous stream broke may arrive before the
 # worker has noticed; waiting this long for the old stream to finish avoids a spurious refusal.
 ATTACH_WAIT_S = 2.0
-# A tensor-parallel group's rank 0 runs an empty Step on every rank when it has had none for
-# this long, so an idle group notices a rank that died (and exits, to be restarted) before a
-# request finds out.
-HEARTBEAT_S = 2.0
+# A group's rank 0 runs an empty Step on every rank when it has had none for HEARTBEAT_S
+# (group.py), so an idle group notices a rank that died (and exits, to be restarted) before a
+# request does, and its followers always hear from it.
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):

@@ -90,8 +90,9 @@ def test_a_group_across_two_hosts_matches_and_a_cut_link_moves_its_jobs(gqa_mode
             assert lost_after and lost_after[0] < 3 * GROUP_TIMEOUT_S, lost_after
             print(f"group declared lost {lost_after[0]:.1f} s after the cut; longest pause a "
                   f"client saw: {max(r[2] for r in second):.2f} s")
-        # Both ranks gave up on the group by themselves.
-        assert group[0].proc.wait(30) == 75 and group[1].proc.wait(30) == 75
+        # Both ranks gave up on the group by themselves: rank 1, cut off, hears no command
+        # (not even a heartbeat) within its wait, whatever it was doing at the cut.
+        assert group[0].proc.wait(30) == 75 and group[1].proc.wait(60) == 75
     finally:
         for p in reversed(procs):
             p.stop()

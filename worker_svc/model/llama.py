@@ -102,6 +102,10 @@ class LlamaModel:
         # Timed on these very weights when "auto" (see linear.py).
         self.linear_kernel = pick_kernel(linears, linear_kernel)
 
+    def use_group(self, all_reduce: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Sum the row-parallel outputs over a tensor-parallel group from now on."""
+        self._all_reduce = all_reduce
+
     def _sum(self, partial: torch.Tensor) -> torch.Tensor:
         """A row-parallel output completed over the group's ranks (itself without a group)."""
         if self._all_reduce is None:

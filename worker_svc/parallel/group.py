@@ -10,9 +10,11 @@ collective, is ``GroupLost``: the group's state can no longer be trusted, and it
 so that the supervisor restarts the whole group and the scheduler moves its jobs.
 
 Two process groups over one rendezvous (a TCPStore at rank 0's address): commands travel on one
-whose timeout is long, since followers wait on it while the group is idle; everything inside a
-Step on one with a bounded timeout, so a rank that hangs is noticed. gloo on CPU, NCCL on CUDA;
-on CPU, ranks that share a host sum through shared memory instead (shm_reduce.py). Like every
+whose timeout outlasts the gaps between rank 0's heartbeats (an idle group still gets an empty
+Step every few seconds), so a follower cut off from rank 0 gives up too; everything inside a
+Step on one with the group's bounded timeout, so a rank that hangs is noticed. gloo on CPU,
+NCCL on CUDA; on CPU, ranks that share a host sum through shared memory instead
+(shm_reduce.py). Like every
 torch.distributed rendezvous, the address must be on a network only the group's hosts reach
 (``fastserve serve`` binds it to 127.0.0.1; another address needs ``--insecure``).
 """
@@ -34,8 +36,12 @@ from worker_svc.parallel.shm_reduce import ShmAllReduce
 
 log = logging.getLogger(__name__)
 
-# How long a follower waits for the next command: the group may be idle for days.
-COMMAND_TIMEOUT = datetime.timedelta(days=30)
+# Rank 0 sends every rank an empty Step when it has sent none for this long (server.py), so
+# commands never stop for long, even in an idle group...
+HEARTBEAT_S = 2.0
+# ...and a follower that hears nothing for this many heartbeats (or the group timeout, if
+# longer) takes rank 0 for lost: cut off, it would otherwise wait for ever.
+COMMAND_WAIT_HEARTBEATS = 12
 # Exit status of a rank whose group was lost (the supervisor restarts the group).
 EXIT_GROUP_LOST = 75
 
@@ -113,8 +119,11 @@ class TensorGroup:
         dist.init_process_group(backend, store=store, rank=layout.rank,
                                 world_size=layout.size,
                                 timeout=datetime.timedelta(seconds=layout.timeout_s))
-        # Commands always go over gloo: they are pickled objects, and their timeout is long.
-        self._commands = dist.new_group(backend="gloo", timeout=COMMAND_TIMEOUT)
+        # Commands always go over gloo (pickled objects), with a wait that outlasts the gaps
+        # between rank 0's heartbeats.
+        wait_s = max(layout.timeout_s, COMMAND_WAIT_HEARTBEATS * HEARTBEAT_S)
+        self._commands = dist.new_group(backend="gloo",
+                                        timeout=datetime.timedelta(seconds=wait_s))
         self._store = store  # rank 0 serves the rendezvous for as long as it holds it
         self._shm = self._shared_memory() if device.type == "cpu" else None
         log.info("rank %d of %d: group ready, all-reduce over %s", layout.rank, layout.size,
@@ -144,8 +153,12 @@ class TensorGroup:
                             self.rank, e)
         ok = torch.tensor([1 if shm is not None else 0])
         dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # every rank attached, or none uses it
+        ranks: list[tuple[int, int] | None] = [None] * self.size
+        dist.all_gather_object(ranks, (shm_reduce.pid_namespace(), os.getpid()))
         if shm is not None:
             shm.unlink()  # all have mapped it: nothing is left behind if a rank dies
+            if len({r[0] for r in ranks if r is not None}) == 1:  # their pids mean the same
+                shm.watch([r[1] for r in ranks if r is not None])
         return shm if int(ok) == 1 else None
 
     # ---- inside the forward pass

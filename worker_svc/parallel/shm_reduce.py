@@ -45,6 +45,10 @@ def host_identity() -> str:
     return f"{socket.gethostname()}/{os.stat('/proc/self/ns/net').st_ino}"
 
 
+def pid_namespace() -> int:
+    return os.stat("/proc/self/ns/pid").st_ino
+
+
 class ShmAllReduce:
     """``size`` ranks' sums through one segment: rank 0 creates it (``name`` None), the
     others attach to the ``name`` it reports."""
@@ -76,6 +80,12 @@ class ShmAllReduce:
         data = np.frombuffer(buf, np.uint8, 2 * size * SLOT_BYTES, offset=header)
         self._slots = torch.from_numpy(data).view(2, size, SLOT_BYTES)
         self._calls = 0
+        self.peers: list[int] = []  # the other ranks' pids, when this process can see them
+
+    def watch(self, pids: list[int]) -> None:
+        """Check, while waiting, that the ranks ``pids`` (one pid namespace) still live: a dead
+        one is noticed at once instead of after the whole timeout."""
+        self.peers = [p for p in pids if p != os.getpid()]
 
     def fits(self, t: torch.Tensor) -> bool:
         return t.device.type == "cpu" and t.numel() * t.element_size() <= SLOT_BYTES
@@ -101,16 +111,30 @@ class ShmAllReduce:
     def _wait(self, counters: np.ndarray, k: int) -> None:
         if k <= 0 or int(counters.min()) >= k:
             return
-        deadline = time.monotonic() + self.timeout_s
+        start = time.monotonic()
+        deadline, next_check = start + self.timeout_s, start + 0.05
         spins = 0
         while int(counters.min()) < k:
             spins += 1
             if spins >= self._spins:
                 spins = 0
                 os.sched_yield()
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                if now > deadline:
                     raise TimeoutError(f"a rank did not reach all-reduce {k} within "
                                        f"{self.timeout_s:g} s")
+                if now > next_check:
+                    next_check = now + 0.05
+                    self._check_peers()
+
+    def _check_peers(self) -> None:
+        for pid in self.peers:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                raise TimeoutError(f"rank process {pid} is gone") from None
+            except PermissionError:
+                pass
 
     def unlink(self) -> None:
         """Rank 0, once every rank has attached: the name goes, the mappings stay."""
