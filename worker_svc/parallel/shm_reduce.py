@@ -6,7 +6,8 @@ Ranks on one host instead write their partials into a segment they all map and e
 all, in rank order, so every rank gets the same bits. Two buffers alternate, so a rank may
 start the next sum while a slower one still reads the last; counters in the segment say who
 has written (``ready``) and who has finished reading (``done``). Waits spin briefly, then
-yield the core (ranks may outnumber cores), and give up after the group's timeout.
+yield the core (ranks may outnumber cores), and give up after the group's timeout, or at once
+when a rank's process is gone (``watch``: ranks that share a pid namespace).
 
 The counters are 8-byte aligned stores and loads, which x86 keeps in program order with the
 data around them; on other architectures the group uses gloo (``usable``).
