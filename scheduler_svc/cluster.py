@@ -48,6 +48,7 @@ class GroupStatus:
     stats: Stats | None  # the loop's last published snapshot
     predictor: str = ""  # the worker's output-length predictor (Describe), empty: none
     tensor_parallel_size: int = 1  # ranks of the worker group (Describe)
+    pipeline_parallel_size: int = 1  # its pipeline stages (Describe)
 
 
 class Cluster:
@@ -187,6 +188,8 @@ class Cluster:
                             lp.describe.model if lp.describe is not None else "", lp.stats,
                             lp.describe.predictor if lp.describe is not None else "",
                             max(1, lp.describe.tensor_parallel_size)
+                            if lp.describe is not None else 1,
+                            max(1, lp.describe.pipeline_parallel_size)
                             if lp.describe is not None else 1)
                 for lp in self.loops]
 

@@ -40,7 +40,8 @@ def layout(d: wpb.DescribeResponse) -> tuple:
     """What the core is built from: a worker that comes back with another one gets a new core
     (it once kept the old pool: "block id 53 out of range [0, 40)"). Not the store's state:
     a store that restarts beside a worker must not make the worker look lost."""
-    return (d.model, d.num_blocks, d.block_size, d.max_context, d.vocab_size)
+    return (d.model, d.num_blocks, d.block_size, d.max_context, d.vocab_size,
+            d.pipeline_parallel_size)
 
 
 @dataclass
@@ -159,6 +160,8 @@ class WorkerLoop:
             self.describe = await stub.Describe(wpb.DescribeRequest(), timeout=timeout_s)
         d = self.describe
         wire.check_describe(d)
+        # One batch per pipeline stage in flight keeps every stage busy.
+        self.pipeline_depth = self.config.steps_in_flight or max(1, d.pipeline_parallel_size)
         if self.model is not None and d.model not in self.model and d.model_path not in self.model:
             raise WrongModel(f"worker {self.address} serves model {d.model!r} "
                              f"({d.model_path}), but this scheduler serves {self.model[0]!r} "

@@ -48,9 +48,9 @@ def tiny_tok_model(default_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def gqa_model(default_model_dir, tmp_path_factory):
-    """A random-weight Llama with 8 query heads over 4 KV heads (3 layers) and SmolLM2's
-    tokenizer."""
+    """A random-weight Llama with 8 query heads over 4 KV heads (4 layers: up to 4 pipeline
+    stages) and SmolLM2's tokenizer."""
     return _random_llama(default_model_dir, tmp_path_factory.mktemp("gqa"), 1,
-                         hidden_size=128, intermediate_size=256, num_hidden_layers=3,
+                         hidden_size=128, intermediate_size=256, num_hidden_layers=4,
                          num_attention_heads=8, num_key_value_heads=4,
                          max_position_embeddings=1024)

@@ -67,23 +67,29 @@ def start_worker(model: str, log_dir: pathlib.Path, num_blocks: int = 512, name:
 
 
 def start_group(model: str, log_dir: pathlib.Path, size: int, num_blocks: int = 512,
-                name: str = "worker", *extra: str) -> list[ServiceProcess]:
-    """A tensor-parallel worker group of ``size`` processes; rank 0 (first in the list) serves
-    gRPC. The ranks start together: each is ready only once all have joined."""
+                name: str = "worker", *extra: str, stages: int = 1) -> list[ServiceProcess]:
+    """A worker group of ``size`` tensor-parallel ranks x ``stages`` pipeline stages; rank 0
+    (first in the list) serves gRPC, the others follow in rank order (stage by stage). The
+    ranks start together: each is ready only once all have joined."""
     import concurrent.futures
 
+    world = size * stages
     group = ["--tensor-parallel-size", str(size), "--group-address", f"127.0.0.1:{free_port()}",
-             "--threads", str(max(1, (os.cpu_count() or 1) // size))]
+             "--threads", str(max(1, (os.cpu_count() or 1) // world))]
+    if stages > 1:
+        group += ["--pipeline-parallel-size", str(stages)]
 
     def rank(r: int) -> ServiceProcess:
         if r == 0:
             return start_worker(model, log_dir, num_blocks, f"{name}-rank0", *group, *extra)
-        args = ["--model", model, "--num-blocks", str(num_blocks), *group,
-                "--tensor-parallel-rank", str(r), *extra]
+        place = ["--tensor-parallel-rank", str(r % size)]
+        if stages > 1:
+            place += ["--pipeline-parallel-rank", str(r // size)]
+        args = ["--model", model, "--num-blocks", str(num_blocks), *group, *place, *extra]
         return ServiceProcess("worker_svc", args, "worker rank", log_dir / f"{name}-rank{r}.log")
 
-    with concurrent.futures.ThreadPoolExecutor(size) as pool:
-        futures = [pool.submit(rank, r) for r in range(size)]
+    with concurrent.futures.ThreadPoolExecutor(world) as pool:
+        futures = [pool.submit(rank, r) for r in range(world)]
         procs, errors = [], []
         for f in futures:
             try:

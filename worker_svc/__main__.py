@@ -10,11 +10,12 @@ background: a store that is not up yet fails swaps UNAVAILABLE until it is). On 
 SIGINT the health status turns NOT_SERVING, in-flight RPCs get 5 s to finish, the store lease is
 released, and the process exits 0.
 
-In a tensor-parallel group (``--tensor-parallel-size T``) every rank loads its shard and joins
-the group at ``--group-address``; rank 0 then serves as above (and stops its followers on the
-way out), while rank R > 0 prints ``worker rank R of T following HOST:PORT`` and runs rank 0's
-Steps until it stops them. When the group is lost (a rank dead, hung or unreachable) every
-rank exits 75.
+In a worker group of T tensor-parallel ranks x P pipeline stages (``--tensor-parallel-size T
+--pipeline-parallel-size P``) every rank loads its shard (its heads of its stage's layers) and
+joins the group at ``--group-address``; the group's rank 0 (tensor rank 0 of stage 0) then serves
+as above (and stops the others on the way out), while every other rank prints ``worker rank R of
+N following HOST:PORT`` (R = stage x T + tensor rank, N = T x P) and runs rank 0's Steps until
+it stops them. When the group is lost (a rank dead, hung or unreachable) every rank exits 75.
 """
 
 from __future__ import annotations
@@ -89,12 +90,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None,
                    help="PyTorch threads of this process (default: one per core); with several "
                    "ranks on one machine, the cores divided among them")
-    g = p.add_argument_group("tensor parallelism (a worker group of several processes)")
+    g = p.add_argument_group("tensor and pipeline parallelism (a worker group of several "
+                             "processes)")
     g.add_argument("--tensor-parallel-size", type=int, default=1,
                    help="ranks in this worker group; must divide the model's KV heads")
     g.add_argument("--tensor-parallel-rank", type=int, default=0,
                    help="this process's rank; only rank 0 serves gRPC (--listen), the others "
                    "follow it")
+    g.add_argument("--pipeline-parallel-size", type=int, default=1,
+                   help="pipeline stages in this worker group, each with contiguous layers "
+                   "and a tensor-parallel set of ranks; at most the model's layers")
+    g.add_argument("--pipeline-parallel-rank", type=int, default=0,
+                   help="this process's stage; only stage 0's rank 0 serves gRPC")
     g.add_argument("--group-address", default="127.0.0.1:29500", metavar="HOST:PORT",
                    help="the group's rendezvous, bound by rank 0 (a torch.distributed "
                    "TCPStore: keep it on a network only the group's hosts reach)")
@@ -127,19 +134,21 @@ def main(argv: list[str] | None = None) -> int:
     from worker_svc.metrics import WorkerMetrics
     from worker_svc.parallel.follower import follow
     from worker_svc.parallel.group import GroupLayout
+    from worker_svc.parallel.pipeline import follow_stage
     from worker_svc.server import create_server
 
     try:
         tls = tls_from_args(args)
-        if args.tensor_parallel_size > 1:  # gloo's traffic has no TLS and no authentication
+        grouped = args.tensor_parallel_size * args.pipeline_parallel_size > 1
+        if grouped:  # gloo's traffic has no TLS and no authentication
             check_plaintext(args.group_address, None, args.insecure)
     except (OSError, ValueError) as e:
         log.error("%s", e)
         return 2
     try:
         layout = GroupLayout(args.tensor_parallel_rank, args.tensor_parallel_size,
-                             args.group_address if args.tensor_parallel_size > 1 else "",
-                             args.group_timeout_s)
+                             args.group_address if grouped else "", args.group_timeout_s,
+                             args.pipeline_parallel_rank, args.pipeline_parallel_size)
         cfg = EngineConfig(
             model=args.model,
             device=args.device,
@@ -161,14 +170,15 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # bad settings or an unusable model: say why, no traceback
         log.error("%s", e)
         return 2
-    if layout.rank > 0:
+    if not layout.leader:
         # A follower serves nothing: it runs rank 0's Steps until told to stop or the group
         # is lost. A signal ends it at once (its state dies with the group anyway).
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_DFL)
-        print(f"worker rank {layout.rank} of {layout.size} following {args.group_address}",
-              flush=True)
-        return compute.run(follow, loaded.engine)
+        print(f"worker rank {layout.global_rank} of {layout.world_size} following "
+              f"{args.group_address}", flush=True)
+        run = follow_stage if layout.pipelined else follow
+        return compute.run(run, loaded.engine)
     if stop.is_set():
         return 0
     if args.profile_at_start:
@@ -206,8 +216,11 @@ def main(argv: list[str] | None = None) -> int:
     server.stop(grace=SHUTDOWN_GRACE_S).wait()
     if loaded.engine.group is not None:  # the followers stop with rank 0
         from worker_svc.parallel.group import GroupLost
+        engine = loaded.engine
+        stop_followers = (engine.pipeline.submit if engine.pipeline is not None
+                          else engine.group.send_command)
         try:
-            compute.run(loaded.engine.group.send_command, None)
+            compute.run(stop_followers, None)
         except GroupLost as e:
             log.info("the group's other ranks are gone already (%s)", e)
     loaded.engine.swap.close()

@@ -28,7 +28,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -135,6 +135,17 @@ class _Job:
         return len(self.token_ids) - self.num_prompt_tokens
 
 
+@dataclass
+class Prepared:
+    """A batch ready for its forward pass."""
+
+    batch: list[tuple[_Job, int]]
+    input_ids: torch.Tensor
+    meta: BatchMetadata
+    sample_jobs: list[_Job]  # the jobs whose last known token this pass computes
+    probed: list[int]  # of their rows, those the probe observes
+
+
 class Engine:
     """Executes StepCommands on one model and one KV pool."""
 
@@ -153,6 +164,9 @@ class Engine:
         self.jobs: dict[int, _Job] = {}
         # Without a store address every swap fails UNAVAILABLE ("no kvstore configured").
         self.swap = swap or SwapEngine(pool)
+        # Rank 0 of a group with pipeline stages: runs each Step through them
+        # (parallel/pipeline.py).
+        self.pipeline: Any = None
 
     @property
     def vocab_size(self) -> int:
@@ -160,16 +174,35 @@ class Engine:
 
     def step(self, cmd: StepCommand) -> StepOutcome:
         """Execute one Step. With a group, raises GroupLost when the ranks fall apart."""
+        if self.pipeline is not None:  # rank 0 of pipeline stages: down the pipe and back
+            return self.pipeline.submit(cmd).result()
         if self.group is not None and self.group.rank == 0:
             self.group.send_command(cmd)
         out = self._step(cmd)
         if self.group is not None:
-            errors = sorted((e.job_id, e.code.value) for e in out.errors)
-            self.group.agree(f"{self.pool.num_used_blocks}|{len(self.jobs)}|{errors}")
+            self.group.agree(self.fingerprint(out))
         return out
 
     def _step(self, cmd: StepCommand) -> StepOutcome:
         out = StepOutcome()
+        batch = self.begin(cmd, out)
+        if batch:
+            start = time.perf_counter()
+            try:
+                out.results = self._run(batch, out.errors)
+            except GroupLost:
+                raise
+            except Exception as e:  # noqa: BLE001 - one failed forward must not kill the worker
+                for job, _ in batch:
+                    out.errors.append(JobError(job.job_id, ErrorCode.INTERNAL,
+                                               f"forward failed: {type(e).__name__}: {e}"))
+            out.compute_time_s = time.perf_counter() - start
+        self.end(out)
+        return out
+
+    def begin(self, cmd: StepCommand, out: StepOutcome) -> list[tuple[_Job, int]]:
+        """A Step's frees, swaps, admissions and commands, in that order (a refused part goes
+        to ``out.errors``); returns what to compute: (job, tokens) pairs. ``end`` closes it."""
         self.swap.begin_step()
         for job_id in cmd.free_job_ids:
             job = self.jobs.get(job_id)
@@ -207,19 +240,24 @@ class Engine:
                 continue
             if c.num_tokens > 0:
                 batch.append((job, c.num_tokens))
-        if batch:
-            start = time.perf_counter()
-            try:
-                out.results = self._run(batch, out.errors)
-            except GroupLost:
-                raise
-            except Exception as e:  # noqa: BLE001 - one failed forward must not kill the worker
-                for job, _ in batch:
-                    out.errors.append(JobError(job.job_id, ErrorCode.INTERNAL,
-                                               f"forward failed: {type(e).__name__}: {e}"))
-            out.compute_time_s = time.perf_counter() - start
+        return batch
+
+    def end(self, out: StepOutcome) -> None:
+        """Close the Step ``begin`` opened: its swap waits and counts go to ``out``."""
         out.swap_wait_s, out.swap = self.swap.end_step()
-        return out
+
+    def fingerprint(self, out: StepOutcome) -> str:
+        """This rank's state after a Step, which every rank of a group must share."""
+        errors = sorted((e.job_id, e.code.value) for e in out.errors)
+        return f"{self.pool.num_used_blocks}|{len(self.jobs)}|{errors}"
+
+    def settle(self, tokens: dict[int, int]) -> None:
+        """Append tokens sampled elsewhere (a pipeline's last stage) to their jobs; a job
+        freed meanwhile is skipped."""
+        for job_id, token in tokens.items():
+            job = self.jobs.get(job_id)
+            if job is not None:
+                job.token_ids.append(token)
 
     def _drop(self, job: _Job) -> None:
         """Forget a job: wait for its copies in flight, free its store space and its blocks."""
@@ -344,6 +382,16 @@ class Engine:
     def _run(self, batch: list[tuple[_Job, int]],
              errors: list[JobError]) -> list[JobResult]:
         """Compute ``batch``; a job that cannot be sampled goes to ``errors`` instead."""
+        b = self.prepare(batch)
+        logits = self.model.forward(b.input_ids, b.meta, self.pool)
+        self.advance(b)
+        tokens, logprobs, failed = self._sample(logits, b.sample_jobs)
+        sampled = self.append_sampled(b, tokens, logprobs, failed)
+        predicted = self.observe(b) if b.probed else {}
+        return self.results(b, sampled, failed, predicted, errors)
+
+    def prepare(self, batch: list[tuple[_Job, int]]) -> Prepared:
+        """The packed inputs and metadata of ``batch``'s forward pass."""
         bs = self.pool.block_size
         window = self.model.spec.sliding_window
         dev = self.device
@@ -383,28 +431,41 @@ class Engine:
         if probed:
             meta.probe_layers = probe.layers
         input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
-        logits = self.model.forward(input_ids, meta, self.pool)
-        for job, n in batch:
+        return Prepared(batch, input_ids, meta, sample_jobs, probed)
+
+    def advance(self, b: Prepared) -> None:
+        """The batch's tokens are computed (their KV is in the pool)."""
+        for job, n in b.batch:
             job.num_computed += n
-        tokens, logprobs, failed = self._sample(logits, sample_jobs)
+
+    def append_sampled(self, b: Prepared, tokens: Sequence[int],
+                       logprobs: Sequence[float | None],
+                       failed: dict[int, str]) -> dict[int, tuple[int, float | None]]:
+        """Append each sampled row's token to its job (a failed row gets none); returns
+        job id -> (token, logprob)."""
         sampled = {}
-        unsampled: set[int] = set()
-        for i, (job, tok, lp) in enumerate(zip(sample_jobs, tokens, logprobs, strict=True)):
-            if i in failed:  # its own numbers went wrong: it fails alone (no token)
-                errors.append(JobError(job.job_id, ErrorCode.INVALID_ARGUMENT, failed[i]))
-                unsampled.add(job.job_id)
-                continue
-            job.token_ids.append(tok)
-            sampled[job.job_id] = (tok, lp)
-        predicted = self._observe(probed, sample_jobs, meta) if probed else {}
-        results = []
-        for job, _ in batch:
+        for i, (job, tok, lp) in enumerate(zip(b.sample_jobs, tokens, logprobs, strict=True)):
+            if i not in failed:
+                job.token_ids.append(tok)
+                sampled[job.job_id] = (tok, lp)
+        return sampled
+
+    def results(self, b: Prepared, sampled: dict[int, tuple[int, float | None]],
+                failed: dict[int, str], predicted: dict[int, float],
+                errors: list[JobError]) -> list[JobResult]:
+        """A result per computed job; a job whose row could not be sampled (its own numbers
+        went wrong) fails alone, in ``errors``. ``failed`` is by sampled row."""
+        for i, why in failed.items():
+            errors.append(JobError(b.sample_jobs[i].job_id, ErrorCode.INVALID_ARGUMENT, why))
+        unsampled = {b.sample_jobs[i].job_id for i in failed}
+        out = []
+        for job, _ in b.batch:
             if job.job_id in unsampled:
                 continue
             tok, lp = sampled.get(job.job_id, (None, None))
-            results.append(JobResult(job.job_id, job.num_computed, tok, lp,
-                                     predicted.get(job.job_id)))
-        return results
+            out.append(JobResult(job.job_id, job.num_computed, tok, lp,
+                                 predicted.get(job.job_id)))
+        return out
 
     def _sample(self, logits: torch.Tensor, jobs: list[_Job]
                 ) -> tuple[list[int], list[float | None], dict[int, str]]:
@@ -422,17 +483,17 @@ class Engine:
             group.share_tokens([-1 if i in failed else t for i, t in enumerate(tokens)])
         return list(tokens), list(logprobs), failed
 
-    def _observe(self, probed: list[int], sample_jobs: list[_Job],
-                 meta: BatchMetadata) -> dict[int, float]:
-        """The probe's predictions for the sampled rows it wants, by job id."""
+    def observe(self, b: Prepared, pending: int = 0) -> dict[int, float]:
+        """The probe's predictions for the sampled rows it wants, by job id. ``pending``: 1
+        where the rows' new tokens are not appended yet (a pipeline stage before the last)."""
         assert self.probe is not None
-        rows = torch.tensor(probed, dtype=torch.long, device=self.device)
-        hidden = {layer: h.index_select(0, rows) for layer, h in meta.probes.items()}
-        jobs = [sample_jobs[i] for i in probed]
+        rows = torch.tensor(b.probed, dtype=torch.long, device=self.device)
+        hidden = {layer: h.index_select(0, rows) for layer, h in b.meta.probes.items()}
+        jobs = [b.sample_jobs[i] for i in b.probed]
         try:
             values = self.probe.observe(hidden, [j.job_id for j in jobs],
                                         [j.num_prompt_tokens for j in jobs],
-                                        [j.num_generated for j in jobs])
+                                        [j.num_generated + pending for j in jobs])
         except Exception:  # a broken probe costs predictions, never tokens
             log.exception("the output-length probe failed; this step has no predictions")
             return {}

@@ -15,7 +15,14 @@ from worker_svc.model.config import ModelSpec, rope_tables
 from worker_svc.model.linear import KERNELS
 from worker_svc.model.llama import LlamaModel
 from worker_svc.parallel.group import GroupLayout, TensorGroup
-from worker_svc.parallel.shard import check_tensor_parallel, shard_spec, shard_weights
+from worker_svc.parallel.shard import (
+    check_pipeline_parallel,
+    check_tensor_parallel,
+    shard_spec,
+    shard_weights,
+    stage_layers,
+    stage_weights,
+)
 from worker_svc.predictor import LengthPredictor, find_artifact
 from worker_svc.swap import SwapEngine
 
@@ -115,42 +122,58 @@ def load_engine(cfg: EngineConfig) -> LoadedModel:
     dtype = DTYPES[cfg.dtype]
     device = torch.device(cfg.device)
     layout = cfg.group
-    log.info("loading %s (%s on %s%s)", path, cfg.dtype, device,
-             f", tensor-parallel rank {layout.rank} of {layout.size}" if layout.parallel else "")
+    where = layout.describe()
+    log.info("loading %s (%s on %s%s)", path, cfg.dtype, device, f", {where}" if where else "")
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     try:
         gen_cfg = GenerationConfig.from_pretrained(path)
     except OSError:
         gen_cfg = None
     full = ModelSpec.from_hf_config(hf.config, gen_cfg)
-    check_tensor_parallel(full, layout.size)  # said at start-up, naming the heads
+    # Said at start-up, naming the heads or the layers.
+    check_tensor_parallel(full, layout.size)
+    check_pipeline_parallel(full, layout.num_stages)
+    layers = stage_layers(full.num_layers, layout.num_stages, layout.stage)
     spec = shard_spec(full, layout.size)
-    weights = shard_weights({k: v.detach().to(device) for k, v in hf.state_dict().items()},
+    mine = stage_weights(hf.state_dict(), full, layers)
+    weights = shard_weights({k: v.detach().to(device) for k, v in mine.items()},
                             full, layout.rank, layout.size)
     max_positions = min(cfg.max_context or spec.max_position_embeddings,
                         spec.max_position_embeddings)
     cos, sin = rope_tables(hf.config, max_positions, device)
-    model = LlamaModel(spec, weights, cos, sin, linear_kernel=cfg.linear_kernel)
-    model.computes_logits = layout.rank == 0  # only rank 0 samples
-    log.info("linears on the %s kernel", model.linear_kernel)
+    model = LlamaModel(spec, weights, cos, sin, linear_kernel=cfg.linear_kernel, layers=layers)
+    model.computes_logits = layout.samples  # only one rank samples
+    log.info("layers [%d, %d) of %d; linears on the %s kernel", layers.start, layers.stop,
+             full.num_layers, model.linear_kernel)
     hf_config = hf.config
-    del hf, weights
+    del hf, weights, mine
     pool = KVPool(
-        KVPoolConfig(spec.num_layers, spec.num_kv_heads, spec.head_dim, cfg.num_blocks,
+        KVPoolConfig(len(layers), spec.num_kv_heads, spec.head_dim, cfg.num_blocks,
                      cfg.block_size),
         device,
         dtype,
     )
-    # Each rank stores its own heads' part of a block under its own lease.
-    client_id = (f"{cfg.kvstore_client_id}/rank{layout.rank}" if layout.parallel
+    # Each rank stores its own heads' and layers' part of a block under its own lease.
+    client_id = (f"{cfg.kvstore_client_id}/rank{layout.global_rank}" if layout.parallel
                  else cfg.kvstore_client_id)
     swap = SwapEngine(pool, cfg.kvstore, client_id=client_id, tls=cfg.kvstore_tls)
-    predictor, described = (load_predictor(cfg, path, full, device) if layout.rank == 0
+    # The predictor reads one layer's residual stream: it runs on the stage holding that
+    # layer; the group's rank 0 describes it.
+    predictor, described = (load_predictor(cfg, path, full, device)
+                            if layout.rank == 0 and (layout.leader or layout.pipelined)
                             else (None, ""))
+    if predictor is not None and not set(predictor.layers) <= set(layers):
+        predictor = None
+    if not layout.leader:
+        described = ""
     # Joined last, once everything slow here is done: from now on rank 0's commands (and
     # heartbeats) come within seconds.
     group = TensorGroup(layout, device) if layout.parallel else None
-    if group is not None:
+    if group is not None and layout.size > 1:
         model.use_group(group.all_reduce)
     engine = Engine(model, pool, max_positions, swap, predictor, group)
+    if layout.pipelined and layout.leader:
+        from worker_svc.parallel.pipeline import PipelineLeader
+
+        engine.pipeline = PipelineLeader(engine)
     return LoadedModel(engine, full, hf_config, path, described, layout)

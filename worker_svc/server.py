@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
+from concurrent.futures import Future
 from typing import NoReturn
 
 import grpc
@@ -29,6 +31,7 @@ from fastserve.tls import Tls
 from worker_svc import profiler, wire
 from worker_svc.compute_thread import ComputeThread, ComputeThreadClosed
 from worker_svc.engine import ErrorCode, JobError, StepCommand, StepOutcome
+from worker_svc.kv_pool import KVPoolConfig
 from worker_svc.loader import LoadedModel
 from worker_svc.parallel.group import EXIT_GROUP_LOST, HEARTBEAT_S, GroupLost
 
@@ -88,7 +91,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     ) -> pb.DescribeResponse:
         spec, pool = self.loaded.spec, self.engine.pool
         store = self.engine.swap.info()
-        ranks = self.loaded.group.size  # each holds 1/ranks of every block, its own lease
+        layout = self.loaded.group
+        # Each rank holds its heads' and layers' part of every block under its own lease: the
+        # whole group's block is the whole model's.
+        full = self.loaded.spec
+        block_bytes = KVPoolConfig(full.num_layers, full.num_kv_heads, full.head_dim,
+                                   pool.num_blocks, pool.block_size).bytes_per_block(pool.dtype)
+        part_bytes = pool.config.bytes_per_block(pool.dtype)
         return pb.DescribeResponse(
             model=self.model_arg,
             model_path=str(self.loaded.model_path),
@@ -96,7 +105,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             device=str(pool.device),
             block_size=pool.block_size,
             num_blocks=pool.num_blocks,
-            kv_bytes_per_block=pool.config.bytes_per_block(pool.dtype) * ranks,
+            kv_bytes_per_block=block_bytes,
             first_layer=0,
             end_layer=spec.num_layers,
             num_layers=spec.num_layers,
@@ -108,11 +117,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             worker_version=fastserve.__version__,
             kvstore_address=store.address,
             store_connected=store.connected,
-            store_capacity_blocks=store.capacity_blocks // ranks,
+            store_capacity_blocks=store.capacity_blocks * part_bytes // block_bytes,
             store_same_node=store.same_node,
             store_block_bytes=store.block_bytes,
             predictor=self.loaded.predictor,
-            tensor_parallel_size=ranks,
+            tensor_parallel_size=layout.size,
+            pipeline_parallel_size=layout.num_stages,
         )
 
     def Profile(
@@ -152,8 +162,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         log.info("scheduler attached: %s", peer)
         owned: set[int] = set()
         try:
-            for request in request_iterator:
-                yield self._step(request, owned)
+            if self.engine.pipeline is None:
+                for request in request_iterator:
+                    yield self._step(request, owned)
+            else:
+                yield from self._pipelined(request_iterator, owned)
         finally:
             self._detach(peer, owned)
             self._attached.release()
@@ -187,6 +200,53 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         owned.update(j.job_id for j in request.new_jobs)
         owned.intersection_update(self.engine.jobs)
         return out, self.engine.pool.num_used_blocks
+
+    def _pipelined(self, requests: Iterator[pb.StepRequest],
+                   owned: set[int]) -> Iterator[pb.StepResponse]:
+        """Pipeline stages: each Step goes down the pipe as soon as it arrives (the scheduler
+        keeps up to one per stage in flight) and is answered, in order, once its tokens are
+        back from the last stage."""
+        answers: queue.Queue = queue.Queue()
+
+        def read() -> None:
+            try:
+                for request in requests:
+                    answers.put((request, *self.compute.run(self._submit, request, owned)))
+            except Exception as e:  # noqa: BLE001 - the stream ended under us
+                log.info("Step stream closed: %s", type(e).__name__)
+            finally:
+                answers.put(None)
+
+        threading.Thread(target=read, name="step-reader", daemon=True).start()
+        while (item := answers.get()) is not None:
+            request, future, errors, used = item
+            try:
+                out = future.result()
+            except GroupLost as e:
+                group_lost(e)
+            out.errors[:0] = errors
+            if self.on_step is not None:
+                self.on_step(out, sum(c.num_tokens for c in request.commands))
+            yield wire.step_outcome_to_proto(out, request.step_id, used,
+                                             self.engine.pool.num_blocks - used)
+
+    def _submit(self, request: pb.StepRequest, owned: set[int]
+                ) -> tuple[Future, list[JobError], int]:
+        """Compute thread: one Step's first stage; its outcome comes with the future."""
+        self._last_step = time.monotonic()
+        errors: list[JobError] = []
+        try:
+            cmd, errors = wire.step_command_from_proto(request)
+            future = self.engine.pipeline.submit(cmd)
+        except GroupLost as e:
+            group_lost(e)
+        except Exception as e:  # one failed Step must not end the stream
+            log.exception("step %d failed", request.step_id)
+            future = Future()
+            future.set_result(_fail_all(request, f"step failed: {type(e).__name__}: {e}"))
+        owned.update(j.job_id for j in request.new_jobs)
+        owned.intersection_update(self.engine.jobs)
+        return future, errors, self.engine.pool.num_used_blocks
 
     def _detach(self, peer: str, owned: set[int]) -> None:
         try:

@@ -198,7 +198,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         for g in self.cluster.status():
             w = spb.WorkerStatus(address=g.address, state=g.state, healthy=g.ready,
                                  error=g.error, model=g.model, predictor=g.predictor,
-                                 tensor_parallel_size=g.tensor_parallel_size)
+                                 tensor_parallel_size=g.tensor_parallel_size,
+                                 pipeline_parallel_size=g.pipeline_parallel_size)
             st = g.stats
             if st is not None:
                 for name in _WORKER_STATS:

@@ -36,6 +36,9 @@ class SchedulerConfig:
         120.0, "how long the jobs of a lost worker wait for a worker to take them (another, "
         "or the same one back) before they fail with UNAVAILABLE; with another ready they "
         "move at once")
+    steps_in_flight: int | None = setting(
+        None, "Steps a worker group may have in flight at once (unset: one per pipeline stage "
+        "of the group, as its Describe says; 1 keeps a pipeline to one batch at a time)")
     watermark: float = setting(
         0.01, "free KV blocks kept back from new jobs, as a fraction of the pool, so running "
         "jobs can still grow by a block without preempting anyone")
@@ -80,6 +83,8 @@ class SchedulerConfig:
         check("max_waiting", self.max_waiting >= 0, ">= 0")
         check("default_max_tokens", self.default_max_tokens >= 1, ">= 1")
         check("worker_loss_wait_s", self.worker_loss_wait_s >= 0, ">= 0")
+        check("steps_in_flight", self.steps_in_flight is None or self.steps_in_flight >= 1,
+              ">= 1 (or unset)")
         check("watermark", 0.0 <= self.watermark < 1.0, "in [0, 1)")
         check("mlfq_num_queues", 1 <= self.mlfq_num_queues <= 64, "in [1, 64]")
         check("mlfq_ratio", self.mlfq_ratio > 1.0, "> 1")

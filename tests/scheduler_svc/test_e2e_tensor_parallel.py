@@ -69,14 +69,15 @@ def concurrently(stub, prompts, max_tokens):
 
 
 class GroupCluster:
-    def __init__(self, model, logs, size, num_blocks, *scheduler_args, store=True):
+    def __init__(self, model, logs, size, num_blocks, *scheduler_args, store=True, stages=1):
         self.procs = []
         worker_extra = ["--block-size", "8", "--log-level", "DEBUG"]
         if store:
             address = f"127.0.0.1:{free_port()}"
             self.procs.append(start_kvstore(logs, 64 << 20, "--listen", address))
             worker_extra += ["--kvstore", address]
-        self.group = start_group(str(model), logs, size, num_blocks, "worker", *worker_extra)
+        self.group = start_group(str(model), logs, size, num_blocks, "worker", *worker_extra,
+                                 stages=stages)
         self.procs += self.group
         self.metrics_port = free_port()
         self.scheduler = start_scheduler(str(model), [self.group[0].address], logs,
@@ -104,8 +105,9 @@ class GroupCluster:
             p.stop()
 
 
-@pytest.mark.parametrize("size", [1, 2, 4])
-def test_gqa_groups_match_transformers_through_offloads_and_chunks(gqa_model, tmp_path, size):
+@pytest.mark.parametrize(("size", "stages"), [(1, 1), (2, 1), (4, 1), (1, 2), (1, 4), (2, 2)])
+def test_gqa_groups_match_transformers_through_offloads_and_chunks(gqa_model, tmp_path, size,
+                                                                   stages):
     prompts = [[200 + 11 * i + k for k in range(30 + 9 * i)] for i in range(8)]  # 30-93 tokens
     max_tokens = 40
     expected = reference(gqa_model, prompts, max_tokens)
@@ -113,7 +115,8 @@ def test_gqa_groups_match_transformers_through_offloads_and_chunks(gqa_model, tm
     # a 16-token prefill budget chunks every prompt and mixes the chunks into decodes.
     cluster = GroupCluster(gqa_model, tmp_path, size, 20, "--policy", "skip-join-mlfq",
                            "--kv-policy", "proactive", "--max-batch-size", "3",
-                           "--starve-limit", "0.3", "--max-batched-tokens", "16")
+                           "--starve-limit", "0.3", "--max-batched-tokens", "16",
+                           stages=stages)
     try:
         got = concurrently(cluster.stub, prompts, max_tokens)
         assert got == expected
@@ -122,12 +125,13 @@ def test_gqa_groups_match_transformers_through_offloads_and_chunks(gqa_model, tm
         assert cluster.metric("fastserve:kv_lost_total") == 0
         status = cluster.stub.Status(spb.StatusRequest())
         assert [w.tensor_parallel_size for w in status.workers] == [size]
+        assert [w.pipeline_parallel_size for w in status.workers] == [stages]
         assert status.workers[0].num_used_blocks == 0
         assert all(p.proc.poll() is None for p in cluster.group)
     finally:
         cluster.close()
     # Rank 0 stopped its followers on the way out.
-    assert [p.proc.returncode for p in cluster.group] == [0] * size
+    assert [p.proc.returncode for p in cluster.group] == [0] * size * stages
 
 
 def test_a_group_size_that_does_not_divide_the_kv_heads_is_refused_by_name(gqa_model, tmp_path):

@@ -61,23 +61,35 @@ class LlamaModel:
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], cos: torch.Tensor,
                  sin: torch.Tensor, linear_kernel: str = "auto",
-                 all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None):
+                 all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 layers: range | None = None):
         # ``spec`` and ``weights`` are one tensor-parallel rank's shard when ``all_reduce``
         # (the group's sum over ranks) is given: the attention and MLP outputs are then
-        # partial sums, completed by it (worker_svc/parallel/shard.py).
+        # partial sums, completed by it (worker_svc/parallel/shard.py). ``layers`` are the
+        # decoder layers of one pipeline stage (all of them by default): the first stage
+        # embeds the tokens, the last one computes logits, the others pass the residual stream.
         self.spec = spec
         self._all_reduce = all_reduce
-        # False on a group's ranks that do not sample: the LM head is skipped.
-        self.computes_logits = True
         s = spec
-        self.embed = weights["model.embed_tokens.weight"]
-        self.lm_head = Linear(self.embed if s.tie_word_embeddings else weights["lm_head.weight"])
-        self.final_norm = weights["model.norm.weight"]
-        self.cos = cos.to(self.embed.dtype).contiguous()
-        self.sin = sin.to(self.embed.dtype).contiguous()
+        self.layer_range = layers if layers is not None else range(s.num_layers)
+        self.first_stage = self.layer_range.start == 0
+        self.last_stage = self.layer_range.stop == s.num_layers
+        # False on a group's ranks that do not sample: the LM head is skipped.
+        self.computes_logits = self.last_stage
+        self.embed = weights["model.embed_tokens.weight"] if self.first_stage else None
+        head = None
+        if self.last_stage:
+            head = Linear(weights["model.embed_tokens.weight"] if s.tie_word_embeddings
+                          else weights["lm_head.weight"])
+        self.lm_head = head
+        self.final_norm = weights["model.norm.weight"] if self.last_stage else None
+        dtype = weights[f"model.layers.{self.layer_range.start}.input_layernorm.weight"].dtype
+        self.dtype = dtype
+        self.cos = cos.to(dtype).contiguous()
+        self.sin = sin.to(dtype).contiguous()
         self.scale = s.head_dim ** -0.5
         self.layers = []
-        for i in range(s.num_layers):
+        for i in self.layer_range:
             p = f"model.layers.{i}."
             qkv = torch.cat([weights[p + f"self_attn.{n}_proj.weight"] for n in "qkv"], 0)
             qkv_bias = None
@@ -97,8 +109,8 @@ class LlamaModel:
                     "down": Linear(weights[p + "mlp.down_proj.weight"]),
                 }
             )
-        linears = [self.lm_head, *(v for layer in self.layers for v in layer.values()
-                                   if isinstance(v, Linear))]
+        linears = [*([head] if head is not None else []),
+                   *(v for layer in self.layers for v in layer.values() if isinstance(v, Linear))]
         # Timed on these very weights when "auto" (see linear.py).
         self.linear_kernel = pick_kernel(linears, linear_kernel)
 
@@ -125,12 +137,21 @@ class LlamaModel:
         return x * cos + rotated * sin
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, meta: BatchMetadata, pool: KVPool) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, meta: BatchMetadata, pool: KVPool,
+                hidden: torch.Tensor | None = None) -> torch.Tensor:
         """Run the decoder on packed tokens; return logits ``[S, vocab]`` float32 for
-        ``meta.logits_index`` rows, after writing every new token's K/V into ``pool``."""
+        ``meta.logits_index`` rows, after writing every new token's K/V into ``pool``.
+
+        A pipeline stage after the first starts from ``hidden`` (the previous stage's
+        residual stream, ``[T, hidden]``) instead of the token ids; a stage before the last
+        returns its residual stream instead of logits."""
         s = self.spec
-        num_tokens = input_ids.shape[0]
-        x = F.embedding(input_ids, self.embed)  # [T, hidden]
+        if hidden is None:
+            assert self.embed is not None, "a later pipeline stage needs the residual stream"
+            x = F.embedding(input_ids, self.embed)  # [T, hidden]
+        else:
+            x = hidden
+        num_tokens = x.shape[0]
         q_size = s.num_heads * s.head_dim
         kv_size = s.num_kv_heads * s.head_dim
         qk_heads = s.num_heads + s.num_kv_heads
@@ -140,6 +161,7 @@ class LlamaModel:
                  and int(meta.positions.max()) < self.cos.shape[0])
         eps = s.rms_norm_eps
         pending = None  # the last MLP's output, added to x by the next norm
+        first = self.layer_range.start  # the pool holds this stage's layers only
         for i, layer in enumerate(self.layers):
             if fused:
                 h = native.add_rms_norm(x, pending, layer["in_norm"], eps)
@@ -171,11 +193,14 @@ class LlamaModel:
                 h = self._rms_norm(x, layer["post_norm"])
                 gate, up = layer["gate_up"](h).chunk(2, dim=-1)
                 pending = self._sum(layer["down"](F.silu(gate) * up))
-            if i in meta.probe_layers and meta.logits_index is not None:
+            if i + first in meta.probe_layers and meta.logits_index is not None:
                 rows = meta.logits_index
-                meta.probes[i] = x[rows] + pending[rows]
+                meta.probes[i + first] = x[rows] + pending[rows]
         if pending is not None:
             x.add_(pending)
+        if not self.last_stage:
+            return x
+        assert self.final_norm is not None and self.lm_head is not None
         if (meta.logits_index is None or meta.logits_index.numel() == 0
                 or not self.computes_logits):
             return torch.empty((0, s.vocab_size), dtype=torch.float32, device=x.device)

@@ -52,19 +52,27 @@ class GroupLost(RuntimeError):
 
 @dataclass(frozen=True)
 class GroupLayout:
-    """Where this process sits in its worker group."""
+    """Where this process sits in its worker group: tensor rank ``rank`` of ``size`` inside
+    pipeline stage ``stage`` of ``num_stages`` (a group of ``size x num_stages`` processes)."""
 
-    rank: int = 0
-    size: int = 1  # tensor-parallel ranks
-    address: str = ""  # HOST:PORT of the rendezvous (rank 0 binds it); "" when size is 1
+    rank: int = 0  # tensor-parallel rank inside its stage
+    size: int = 1  # tensor-parallel ranks per stage
+    address: str = ""  # HOST:PORT of the rendezvous (rank 0 binds it); "" for one process
     timeout_s: float = 30.0  # bound on one collective inside a Step
+    stage: int = 0  # pipeline stage
+    num_stages: int = 1  # pipeline stages
 
     def __post_init__(self) -> None:
         if self.size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.size}")
         if not 0 <= self.rank < self.size:
             raise ValueError(f"tensor_parallel_rank must be in [0, {self.size}), got {self.rank}")
-        if self.size > 1:
+        if self.num_stages < 1:
+            raise ValueError(f"pipeline_parallel_size must be >= 1, got {self.num_stages}")
+        if not 0 <= self.stage < self.num_stages:
+            raise ValueError(f"pipeline_parallel_rank must be in [0, {self.num_stages}), got "
+                             f"{self.stage}")
+        if self.parallel:
             host, _, port = self.address.rpartition(":")
             if not host or not port.isdigit():
                 raise ValueError(f"group address must be HOST:PORT, got {self.address!r}")
@@ -72,8 +80,39 @@ class GroupLayout:
             raise ValueError(f"group timeout must be positive, got {self.timeout_s}")
 
     @property
+    def world_size(self) -> int:
+        return self.size * self.num_stages
+
+    @property
+    def global_rank(self) -> int:
+        """Ranks count tensor ranks first: stage s holds ``[s * size, (s + 1) * size)``."""
+        return self.stage * self.size + self.rank
+
+    @property
     def parallel(self) -> bool:
-        return self.size > 1
+        return self.world_size > 1
+
+    @property
+    def pipelined(self) -> bool:
+        return self.num_stages > 1
+
+    @property
+    def leader(self) -> bool:
+        """The group's rank 0: the only one the scheduler talks to."""
+        return self.global_rank == 0
+
+    @property
+    def samples(self) -> bool:
+        """Whether this rank computes logits and samples: rank 0 of the last stage."""
+        return self.rank == 0 and self.stage == self.num_stages - 1
+
+    def describe(self) -> str:
+        parts = []
+        if self.size > 1:
+            parts.append(f"tensor-parallel rank {self.rank} of {self.size}")
+        if self.num_stages > 1:
+            parts.append(f"pipeline stage {self.stage} of {self.num_stages}")
+        return ", ".join(parts)
 
 
 def _gloo_interface(host: str, port: int) -> str | None:
@@ -98,43 +137,61 @@ def _gloo_interface(host: str, port: int) -> str | None:
 
 
 class TensorGroup:
-    """This rank's end of the group; built once the rank's model is loaded."""
+    """This rank's end of the group; built once the rank's model is loaded. Collectives run
+    among the tensor ranks of this rank's stage (all of the group without pipeline stages);
+    ``pipe`` links the stages (pipe.py)."""
 
     def __init__(self, layout: GroupLayout, device: torch.device,
                  rendezvous_timeout_s: float = 900.0):
+        from worker_svc.parallel.pipe import Pipe
+
         self.layout = layout
         self.rank = layout.rank
         self.size = layout.size
         self.device = device
         host, _, port = layout.address.rpartition(":")
         backend = "nccl" if device.type == "cuda" else "gloo"
-        store = dist.TCPStore(host, int(port), layout.size, is_master=layout.rank == 0,
+        me, world = layout.global_rank, layout.world_size
+        store = dist.TCPStore(host, int(port), world, is_master=me == 0,
                               timeout=datetime.timedelta(seconds=rendezvous_timeout_s))
-        log.info("rank %d of %d: joining the group at %s (%s)", layout.rank, layout.size,
-                 layout.address, backend)
+        log.info("rank %d of %d (%s): joining the group at %s (%s)", me, world,
+                 layout.describe(), layout.address, backend)
         if "GLOO_SOCKET_IFNAME" not in os.environ:  # an operator's choice wins
             interface = _gloo_interface(host, int(port))
             if interface is not None:
                 os.environ["GLOO_SOCKET_IFNAME"] = interface
-        dist.init_process_group(backend, store=store, rank=layout.rank,
-                                world_size=layout.size,
+        dist.init_process_group(backend, store=store, rank=me, world_size=world,
                                 timeout=datetime.timedelta(seconds=layout.timeout_s))
         # Commands always go over gloo (pickled objects), with a wait that outlasts the gaps
         # between rank 0's heartbeats.
         wait_s = max(layout.timeout_s, COMMAND_WAIT_HEARTBEATS * HEARTBEAT_S)
-        self._commands = dist.new_group(backend="gloo",
-                                        timeout=datetime.timedelta(seconds=wait_s))
+        wait = datetime.timedelta(seconds=wait_s)
+        # Every rank makes every subgroup, in the same order (torch.distributed's rule); it
+        # keeps its own stage's.
+        self.ranks = list(range(layout.stage * layout.size, (layout.stage + 1) * layout.size))
+        self._src = self.ranks[0]
+        self._tensor: Any = None
+        self._commands: Any = None
+        for stage in range(layout.num_stages):
+            ranks = list(range(stage * layout.size, (stage + 1) * layout.size))
+            tensor = dist.new_group(ranks) if layout.pipelined else dist.group.WORLD
+            commands = dist.new_group(ranks, backend="gloo", timeout=wait)
+            if stage == layout.stage:
+                self._tensor, self._commands = tensor, commands
+        self.pipe = Pipe(layout, backend, wait) if layout.pipelined else None
         self._store = store  # rank 0 serves the rendezvous for as long as it holds it
-        self._shm = self._shared_memory() if device.type == "cpu" else None
-        log.info("rank %d of %d: group ready, all-reduce over %s", layout.rank, layout.size,
-                 "shared memory" if self._shm is not None else backend)
+        self._shm = (self._shared_memory() if device.type == "cpu" and self.size > 1
+                     else None)
+        log.info("rank %d of %d: group ready%s", me, world,
+                 "" if self.size == 1 else ", all-reduce over " +
+                 ("shared memory" if self._shm is not None else backend))
 
     def _shared_memory(self) -> ShmAllReduce | None:
         """A shared-memory all-reduce when every rank is on this host (shm_reduce.py)."""
         if not shm_reduce.usable():
             return None
         hosts: list[str | None] = [None] * self.size
-        dist.all_gather_object(hosts, shm_reduce.host_identity())
+        dist.all_gather_object(hosts, shm_reduce.host_identity(), group=self._tensor)
         if len(set(hosts)) != 1:
             return None
         shm, name = None, None
@@ -152,9 +209,11 @@ class TensorGroup:
                 log.warning("rank %d: no shared-memory all-reduce (%s); gloo instead",
                             self.rank, e)
         ok = torch.tensor([1 if shm is not None else 0])
-        dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # every rank attached, or none uses it
+        # every rank attached, or none uses it
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=self._tensor)
         ranks: list[tuple[int, int] | None] = [None] * self.size
-        dist.all_gather_object(ranks, (shm_reduce.pid_namespace(), os.getpid()))
+        dist.all_gather_object(ranks, (shm_reduce.pid_namespace(), os.getpid()),
+                               group=self._tensor)
         if shm is not None:
             shm.unlink()  # all have mapped it: nothing is left behind if a rank dies
             if len({r[0] for r in ranks if r is not None}) == 1:  # their pids mean the same
@@ -168,7 +227,7 @@ class TensorGroup:
         try:
             if self._shm is not None and self._shm.fits(t):
                 return self._shm.all_reduce(t)
-            dist.all_reduce(t)
+            dist.all_reduce(t, group=self._tensor)
         except Exception as e:
             raise GroupLost(f"all-reduce failed: {e}") from e
         return t
@@ -189,7 +248,7 @@ class TensorGroup:
         try:
             if self._shm is not None and self._shm.fits(t):
                 return self._shm.all_reduce(t).tolist()  # the others add zeros
-            dist.broadcast(t, src=0)  # bounded: inside a Step
+            dist.broadcast(t, src=self._src, group=self._tensor)  # bounded: inside a Step
         except Exception as e:
             raise GroupLost(f"token broadcast failed: {e}") from e
         return t.tolist()
@@ -203,7 +262,7 @@ class TensorGroup:
             if self._shm is not None:
                 self._shm.all_reduce(t)  # every rank's digest in its own place
             else:
-                dist.all_reduce(t)
+                dist.all_reduce(t, group=self._tensor)
         except Exception as e:
             raise GroupLost(f"state check failed: {e}") from e
         if len(set(t.tolist())) != 1:
@@ -213,7 +272,7 @@ class TensorGroup:
     def _broadcast_object(self, obj: Any) -> Any:
         box = [obj]
         try:
-            dist.broadcast_object_list(box, src=0, group=self._commands)
+            dist.broadcast_object_list(box, src=self._src, group=self._commands)
         except Exception as e:
             raise GroupLost(f"command broadcast failed: {e}") from e
         return box[0]

@@ -73,3 +73,40 @@ def shard_weights(weights: dict[str, torch.Tensor], spec: ModelSpec, rank: int,
         else:
             out[name] = w
     return out
+
+
+def check_pipeline_parallel(spec: ModelSpec, stages: int) -> None:
+    """Raise ValueError, naming the numbers, when ``stages`` cannot split ``spec``'s layers."""
+    if stages < 1:
+        raise ValueError(f"pipeline_parallel_size must be >= 1, got {stages}")
+    if stages > spec.num_layers:
+        raise ValueError(f"pipeline_parallel_size {stages} is more than the model's "
+                         f"{spec.num_layers} layers: each stage needs at least one")
+
+
+def stage_layers(num_layers: int, stages: int, stage: int) -> range:
+    """The contiguous decoder layers of pipeline stage ``stage``: as even as they divide, the
+    earlier stages taking one more when they do not (the first also embeds, the last also
+    computes logits)."""
+    base, extra = divmod(num_layers, stages)
+    start = stage * base + min(stage, extra)
+    return range(start, start + base + (1 if stage < extra else 0))
+
+
+def stage_weights(weights: dict[str, torch.Tensor], spec: ModelSpec,
+                  layers: range) -> dict[str, torch.Tensor]:
+    """The weights a stage holding ``layers`` needs: its layers' own, the embeddings on the
+    first stage (and on the last when the LM head is tied to them), the final norm and LM
+    head on the last."""
+    first, last = layers.start == 0, layers.stop == spec.num_layers
+    out = {}
+    for name, w in weights.items():
+        if name.startswith("model.layers."):
+            keep = int(name.split(".", 3)[2]) in layers
+        elif name == "model.embed_tokens.weight":
+            keep = first or (last and spec.tie_word_embeddings)
+        else:  # model.norm, lm_head
+            keep = last
+        if keep:
+            out[name] = w
+    return out
