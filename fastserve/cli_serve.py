@@ -11,9 +11,10 @@ so that no new work reaches the worker, then the worker, then the store (SIGTERM
 after 10 s), and exits 0. A child that
 dies on its own is started again on the same port after a backoff (1 s, doubled per restart
 within 10 minutes) while the others keep serving; one that dies a sixth time within 10
-minutes stops everything, and the command exits 1. With ``--tensor-parallel T`` each worker
-group is T processes that start together and, when any of them dies, are all stopped and
-started again together (the group's state died with the one rank).
+minutes stops everything, and the command exits 1. With ``--tensor-parallel T`` and
+``--pipeline-parallel P`` each worker group is T x P processes that start together and, when
+any of them dies, are all stopped and started again together (the group's state died with the
+one rank).
 """
 
 from __future__ import annotations
@@ -99,6 +100,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tensor-parallel", type=int, default=1, metavar="T",
                    help="processes per worker group, each with 1/T of the model's heads and "
                         "MLP (T must divide the KV heads); the cores are shared among them")
+    p.add_argument("--pipeline-parallel", type=int, default=1, metavar="P",
+                   help="pipeline stages per worker group, each with contiguous layers (and T "
+                        "ranks); P batches in flight; the cores are shared among all T x P")
     p.add_argument("--http-port", type=int, default=8000,
                    help="the OpenAI-compatible HTTP API's port, on --host (0 = pick one, "
                         "-1 = none)")
@@ -177,23 +181,38 @@ def worker_command(args: argparse.Namespace, kvstore: str | None = None,
 
 def group_commands(args: argparse.Namespace, kvstore: str | None = None,
                    index: int = 0) -> list[list[str]]:
-    """Worker group ``index``'s command lines, rank 0 first: ``--tensor-parallel`` ranks
+    """Worker group ``index``'s command lines, rank 0 first: ``--tensor-parallel`` ranks of
+    each of ``--pipeline-parallel`` stages (rank r is tensor rank r mod T of stage r // T)
     meeting at a loopback rendezvous, the machine's cores divided among them. Rank 0 is
     ``worker_command``'s worker; the others serve nothing and follow it."""
     size = getattr(args, "tensor_parallel", 1)
+    stages = getattr(args, "pipeline_parallel", 1)
     rank0 = worker_command(args, kvstore, index)
-    if size == 1:
+    if size * stages == 1:
         return [rank0]
-    threads = str(max(1, (os.cpu_count() or 1) // size))
-    group = ["--tensor-parallel-size", str(size), "--group-address",
-             f"127.0.0.1:{_free_port()}", "--threads", threads]
-    followers = []
-    for rank in range(1, size):
-        cmd = list(rank0)
-        i = cmd.index("--metrics-port")
-        del cmd[i:i + 2]  # only rank 0 serves (metrics, gRPC)
-        followers.append(cmd + group + ["--tensor-parallel-rank", str(rank)])
-    return [rank0 + group, *followers]
+    threads = max(1, (os.cpu_count() or 1) // (size * stages))
+    group, places = group_flags(size, stages, f"127.0.0.1:{_free_port()}", threads)
+    follower = list(rank0)
+    i = follower.index("--metrics-port")
+    del follower[i:i + 2]  # only rank 0 serves (metrics, gRPC)
+    return [rank0 + group, *(follower + group + place for place in places[1:])]
+
+
+def group_flags(size: int, stages: int, address: str,
+                threads: int) -> tuple[list[str], list[list[str]]]:
+    """The flags every rank of a T x P worker group shares, and each rank's own (rank 0's
+    first, empty): rank r is tensor rank r mod T of pipeline stage r // T."""
+    group = ["--tensor-parallel-size", str(size), "--group-address", address,
+             "--threads", str(threads)]
+    if stages > 1:
+        group += ["--pipeline-parallel-size", str(stages)]
+    places: list[list[str]] = [[]]
+    for rank in range(1, size * stages):
+        place = ["--tensor-parallel-rank", str(rank % size)]
+        if stages > 1:
+            place += ["--pipeline-parallel-rank", str(rank // size)]
+        places.append(place)
+    return group, places
 
 
 def _free_port() -> int:
@@ -311,6 +330,9 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--replicas must be at least 1, got {args.replicas}")
         if args.tensor_parallel < 1:
             raise ValueError(f"--tensor-parallel must be at least 1, got {args.tensor_parallel}")
+        if args.pipeline_parallel < 1:
+            raise ValueError(f"--pipeline-parallel must be at least 1, got "
+                             f"{args.pipeline_parallel}")
         resolve_model(args.model, progress=True)
         if getattr(args, "tls_dir", None):
             make_local_ca(args.tls_dir, TLS_ROLES)

@@ -81,9 +81,10 @@ def measure(stub, metrics_port: int, batch: int, iterations: int) -> dict[str, f
     start = _scrape(metrics_port)
     while _delta(start, now := _scrape(metrics_port), it) < 5:  # past every prefill
         time.sleep(0.05)
-    start = now
+    start, t0 = now, time.monotonic()
     while _delta(start, end := _scrape(metrics_port), it) < iterations:
         time.sleep(0.2)
+    wall = time.monotonic() - t0
     for s in streams:
         s.cancel()
     for t in threads:
@@ -92,9 +93,13 @@ def measure(stub, metrics_port: int, batch: int, iterations: int) -> dict[str, f
     compute = _delta(start, end, "fastserve:iteration_time_seconds_sum") / n
     outside = _delta(start, end, "fastserve:iteration_overhead_seconds_sum") / n
     size = _delta(start, end, "fastserve:iteration_batch_size_sum") / n
+    # Tokens over wall time: with several Steps in flight (pipeline stages) an iteration's
+    # time is a Step's way through the pipe, not the time between two Steps' tokens.
+    tokens = _delta(start, end, "fastserve:iteration_batch_size_sum")
     return {"batch_size": batch, "mean_batch_size": size, "iterations": n,
             "iteration_s": compute + outside, "compute_s": compute, "outside_s": outside,
-            "overhead_fraction": outside / (compute + outside)}
+            "overhead_fraction": outside / (compute + outside), "wall_s": wall,
+            "wall_tokens_per_s": tokens / wall}
 
 
 def run(args: argparse.Namespace) -> int:

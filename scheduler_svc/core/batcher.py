@@ -70,7 +70,7 @@ class Batcher:
         # left, and they all wait: the walk ends there, so a long queue costs nothing (a new
         # one-token prompt waits too: it used to slip through the decode branch).
         num_started, started_seen = num_live - num_waiting, 0
-        max_batch = config.max_batch_size
+        max_batch = step.max_batch or config.max_batch_size
         commands = plan.commands
         # Jobs whose upload is still copying: a command for one would hold the whole
         # iteration until its copy ends. They run from a later Step, the copy overlapping

@@ -198,7 +198,7 @@ class GroupCore:
         self.kv.begin_step(now)
         step = StepContext(now, plan, self.policy, self._last_iteration_s,
                            max(1, min(self.config.max_batch_size, len(self._last_batch))),
-                           busy=self._busy)
+                           busy=self._busy, max_batch=self._plan_batch())
         self.batcher.form(step, len(self.jobs), self._num_waiting, self._num_waiting_single)
         self._num_waiting -= len(step.started)
         self._num_waiting_single -= sum(len(j.prompt) == 1 for j in step.started)
@@ -222,6 +222,16 @@ class GroupCore:
         if self.pipeline_depth > 1:
             self._busy.update(plan.job_ids())
         return plan
+
+    def _plan_batch(self) -> int:
+        """Jobs one plan may take. With a pipeline, the live jobs are spread over its
+        ``pipeline_depth`` batches (at most ``max_batch_size`` each): one batch holding them
+        all would leave the other stages idle and every job waiting a whole round of the
+        pipe per token, where balanced batches keep every stage busy."""
+        cap = self.config.max_batch_size
+        if self.pipeline_depth == 1:
+            return cap
+        return max(1, min(cap, -(-len(self.jobs) // self.pipeline_depth)))
 
     def update(self, step_id: int, result: StepResult, now: float) -> list[JobUpdate]:
         """Apply the worker's answer to the plan ``step_id``: append tokens, finish jobs,

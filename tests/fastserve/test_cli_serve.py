@@ -363,10 +363,16 @@ def test_tls_dir_gives_every_child_a_certificate_of_its_own(tmp_path):
 
 
 @pytest.mark.slow
-def test_serve_restarts_a_whole_tensor_parallel_group_and_the_stream_goes_on(gqa_model, tmp_path):
-    """The only worker group, 2 ranks: kill -9 of rank 1 mid-stream loses the group (rank 0
-    exits at its next collective); serve starts both ranks again and the client's stream
-    finishes token for token as an uninterrupted one, without an error."""
+@pytest.mark.parametrize(("layout", "victim"), [(["--tensor-parallel", "2"],
+                                                 "--tensor-parallel-rank 1"),
+                                                (["--pipeline-parallel", "2"],
+                                                 "--pipeline-parallel-rank 1")])
+def test_serve_restarts_a_whole_worker_group_and_the_stream_goes_on(gqa_model, tmp_path, layout,
+                                                                   victim):
+    """The only worker group, 2 ranks (2 tensor ranks, or 2 pipeline stages): kill -9 of rank 1
+    mid-stream loses the group (rank 0 exits at its next collective or hand-off); serve starts
+    both ranks again and the client's stream finishes token for token as an uninterrupted one,
+    without an error."""
     import grpc
     from streams import run
 
@@ -376,11 +382,11 @@ def test_serve_restarts_a_whole_tensor_parallel_group_and_the_stream_goes_on(gqa
     port = free_port()
     serve, log, _ = _start_serve(tmp_path, "--model", str(gqa_model), "--port", str(port),
                                  "--kv-blocks", "256", "--http-port", "-1", "--no-kvstore",
-                                 "--tensor-parallel", "2", "--predictor", "none")
+                                 *layout, "--predictor", "none")
     try:
         ranks = [pid for pid in _children(serve.pid) if "worker_svc" in _cmdline(pid)]
         assert len(ranks) == 2
-        (follower,) = [pid for pid in ranks if "--tensor-parallel-rank 1" in _cmdline(pid)]
+        (follower,) = [pid for pid in ranks if victim in _cmdline(pid)]
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
             stub = scheduler_pb2_grpc.SchedulerStub(ch)
             want, _ = run(stub, "reference", tokens=600)
@@ -396,7 +402,9 @@ def test_serve_restarts_a_whole_tensor_parallel_group_and_the_stream_goes_on(gqa
             assert final.finish_reason == spb.FINISH_REASON_LENGTH, final.error_message
             assert got == want
             workers = stub.Status(spb.StatusRequest()).workers
-            assert [(w.state, w.tensor_parallel_size) for w in workers] == [("ready", 2)]
+            size = 2 if "--tensor-parallel" in layout else 1
+            assert [(w.state, w.tensor_parallel_size, w.pipeline_parallel_size)
+                    for w in workers] == [("ready", size, 3 - size)]
         log.seek(0)
         text = log.read()
         assert "restarting it with the rest of its group" in text and "worker restarted" in text

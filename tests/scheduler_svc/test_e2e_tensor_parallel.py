@@ -1,9 +1,11 @@
-"""Tensor-parallel worker groups through the whole cluster (real processes, gloo, gRPC).
+"""Worker groups of tensor-parallel ranks and pipeline stages through the whole cluster (real
+processes, gloo, gRPC).
 
-Greedy output must be token for token transformers' ``generate()`` whatever the group's size:
-a tiny random-weight GQA Llama split 2 and 4 ways, with chunked prefill, mixed batches and a
-device pool small enough that jobs are offloaded to the store and uploaded again (each rank
-stores its own heads' part); and the default model over its 3 KV heads.
+Greedy output must be token for token transformers' ``generate()`` whatever the group's
+layout: a tiny random-weight GQA Llama split 2 and 4 ways by heads, in 2 and 4 stages by layers,
+and 2 x 2, with chunked prefill, mixed batches and a device pool small enough that jobs are
+offloaded to the store and uploaded again (each rank stores its own heads' and layers' part);
+and the default model over its 3 KV heads, in 2 and 3 stages, and 3 x 2.
 """
 
 from __future__ import annotations
@@ -144,13 +146,16 @@ def test_a_group_size_that_does_not_divide_the_kv_heads_is_refused_by_name(gqa_m
     assert "tensor_parallel_size 3 must divide the model's 4 KV heads" in str(e.value)
 
 
-def test_smollm2_over_its_3_kv_heads_matches_transformers(default_model_dir, tmp_path):
+@pytest.mark.parametrize(("size", "stages"), [(3, 1), (1, 2), (1, 3), (3, 2)])
+def test_smollm2_matches_transformers_split_by_heads_and_layers(default_model_dir, tmp_path,
+                                                                size, stages):
+    """The default model over its 3 KV heads, in 2 and 3 stages of its 30 layers, and both."""
     prompts = [[1, 9690, 198] + [2000 + 37 * i + k for k in range(12 + 20 * i)]
                for i in range(3)]
     max_tokens = 16
     expected = reference(default_model_dir, prompts, max_tokens)
-    cluster = GroupCluster(default_model_dir, tmp_path, 3, 256, "--max-batch-size", "4",
-                           store=False)
+    cluster = GroupCluster(default_model_dir, tmp_path, size, 256, "--max-batch-size", "4",
+                           store=False, stages=stages)
     try:
         assert concurrently(cluster.stub, prompts, max_tokens) == expected
     finally:
@@ -194,9 +199,13 @@ def all_streams(stub, prefix, prompts, max_tokens, on_chunk=None):
     return [results[i] for i in range(len(prompts))]
 
 
-def test_a_killed_rank_loses_its_group_and_16_streams_finish_on_the_other(gqa_model, tmp_path):
-    groups = [start_group(str(gqa_model), tmp_path, 2, 512, f"g{i}", "--group-timeout-s", "10")
-              for i in range(2)]
+@pytest.mark.parametrize(("size", "stages"), [(2, 1), (1, 2)])
+def test_a_killed_rank_loses_its_group_and_16_streams_finish_on_the_other(gqa_model, tmp_path,
+                                                                          size, stages):
+    """Two groups of two ranks (tensor ranks, or pipeline stages): kill -9 of the first
+    group's rank 1 mid-generation; every stream finishes on the other group, unchanged."""
+    groups = [start_group(str(gqa_model), tmp_path, size, 512, f"g{i}", "--group-timeout-s",
+                          "10", stages=stages) for i in range(2)]
     sched = start_scheduler(str(gqa_model), [g[0].address for g in groups], tmp_path,
                             "--max-batch-size", "16")
     prompts = [[300 + 13 * i + k for k in range(20 + 5 * i)] for i in range(16)]
@@ -233,10 +242,11 @@ def test_a_killed_rank_loses_its_group_and_16_streams_finish_on_the_other(gqa_mo
                 p.stop()
 
 
-def test_an_idle_group_notices_a_dead_rank_by_itself(gqa_model, tmp_path):
+@pytest.mark.parametrize(("size", "stages"), [(2, 1), (1, 2)])
+def test_an_idle_group_notices_a_dead_rank_by_itself(gqa_model, tmp_path, size, stages):
     """No request in flight: rank 0's heartbeat (an empty Step on every rank) finds the dead
     rank, and rank 0 exits so that its supervisor restarts the group."""
-    group = start_group(str(gqa_model), tmp_path, 2, 64, "idle")
+    group = start_group(str(gqa_model), tmp_path, size, 64, "idle", stages=stages)
     try:
         time.sleep(3)  # a few heartbeats with both ranks alive change nothing
         assert group[0].proc.poll() is None and group[1].proc.poll() is None

@@ -96,3 +96,19 @@ def test_no_more_than_the_pipeline_depth_is_handed_out():
     assert len(plans) == 3 and core.num_in_flight == 3
     assert len({p.step_id for p in plans}) == 3
     assert len({c.job_id for p in plans for c in p.commands}) == 3
+
+
+@pytest.mark.parametrize(("live", "depth", "sizes"), [(8, 2, [4, 4]), (3, 2, [2, 1]),
+                                                      (1, 2, [1]), (20, 2, [8, 8]),
+                                                      (8, 1, [8])])
+def test_a_pipeline_spreads_the_live_jobs_over_its_batches(live, depth, sizes):
+    """Eight jobs under a batch limit of 8 and two stages go as two batches of four, not one
+    of eight and an idle stage."""
+    core = GroupCore(SchedulerConfig(max_batch_size=8, max_batched_tokens=4096), 256, BS,
+                     1024, pipeline_depth=depth)
+    for i in range(live):
+        core.add(make_job(i, prompt_len=3, max_tokens=5), 0.0)
+    plans = []
+    while (plan := core.schedule(0.0)) is not None:
+        plans.append(plan)
+    assert [len(p.commands) for p in plans] == sizes
