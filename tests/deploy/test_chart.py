@@ -167,6 +167,22 @@ def test_a_tensor_parallel_group_is_one_pod_with_a_container_per_rank(helm):
     assert not any(a.startswith("--tensor-parallel") for a in single["args"])
 
 
+def test_pipeline_stages_add_a_container_per_rank_of_each_stage(helm):
+    docs = render(helm, "-f", str(CHART / "ci" / "parallel-values.yaml"), "--set",
+                  "workers.pipelineParallel=2")
+    containers = by_kind(docs, "StatefulSet")["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 8  # 4 tensor ranks in each of 2 stages, one pod
+    for rank, c in enumerate(containers):
+        assert f"--tensor-parallel-rank={rank % 4}" in c["args"]
+        assert f"--pipeline-parallel-rank={rank // 4}" in c["args"]
+        assert "--pipeline-parallel-size=2" in c["args"]
+        assert any(a.startswith("--listen=") for a in c["args"]) == (rank == 0)
+    staged = container(by_kind(render(helm, "--set", "workers.pipelineParallel=3"),
+                              "StatefulSet"), "worker-rank2")
+    assert "--tensor-parallel-rank=0" in staged["args"]
+    assert "--pipeline-parallel-rank=2" in staged["args"]
+
+
 def test_kvstore_budget_follows_its_memory(helm):
     docs = render(helm, "--set", "kvstore.memoryGiB=8", "--set", "kvstore.budgetReserveMiB=512")
     ds = by_kind(docs, "DaemonSet")
@@ -251,7 +267,7 @@ def test_monitors_only_when_asked(helm):
     (["--set", "scheduler.config.policy=lifo"], "value must be one of"),
     (["--set", "scheduler.config.max_batch_size=0"], "minimum"),
     (["--set", "scheduler.config.no_such_setting=1"], "additional properties"),
-    (["--set", "workers.pipelineParallel=2"], "workers.pipelineParallel: pipeline stages are"),
+    (["--set", "workers.pipelineParallel=0"], "minimum"),
     (["--set", "workers.tensorParallel=0"], "minimum"),
     (["--set", "workers.dtype=int3"], "value must be one of"),
 ])
