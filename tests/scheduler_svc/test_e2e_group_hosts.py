@@ -1,6 +1,7 @@
-"""A tensor-parallel group whose two ranks run on two hosts (network namespaces on a bridge,
-tests/netns.py): greedy parity holds over the real network, and cutting the link between them
-gets the group declared lost within a bounded time while its jobs finish on another group."""
+"""A worker group whose two ranks (two tensor ranks, or two pipeline stages) run on two hosts
+(network namespaces on a bridge, tests/netns.py): greedy parity holds over the real network,
+and cutting the link between them gets the group declared lost within a bounded time while its
+jobs finish on another group."""
 
 from __future__ import annotations
 
@@ -23,12 +24,19 @@ pytestmark = [pytest.mark.slow,
 GROUP_TIMEOUT_S = 5
 
 
-def test_a_group_across_two_hosts_matches_and_a_cut_link_moves_its_jobs(gqa_model, tmp_path):
+LAYOUTS = {"tensor": (["--tensor-parallel-size", "2"], ["--tensor-parallel-rank", "1"]),
+           "pipeline": (["--pipeline-parallel-size", "2"], ["--pipeline-parallel-rank", "1"])}
+
+
+@pytest.mark.parametrize("split", list(LAYOUTS))
+def test_a_group_across_two_hosts_matches_and_a_cut_link_moves_its_jobs(gqa_model, tmp_path,
+                                                                       split):
+    layout, second_rank = LAYOUTS[split]
     hosts = netns.Hosts(2)
     procs: list[ServiceProcess] = []
     try:
         common = ["--model", str(gqa_model), "--num-blocks", "512", "--threads", "1",
-                  "--tensor-parallel-size", "2", "--group-address",
+                  *layout, "--group-address",
                   f"{hosts.address(0)}:29500", "--group-timeout-s", str(GROUP_TIMEOUT_S),
                   "--insecure"]
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
@@ -37,11 +45,12 @@ def test_a_group_across_two_hosts_matches_and_a_cut_link_moves_its_jobs(gqa_mode
                                  "worker listening on", tmp_path / "rank0.log",
                                  prefix=hosts.exec_prefix(0)),
                      pool.submit(ServiceProcess, "worker_svc",
-                                 [*common, "--tensor-parallel-rank", "1"], "worker rank",
+                                 [*common, *second_rank], "worker rank",
                                  tmp_path / "rank1.log", prefix=hosts.exec_prefix(1))]
             group = [r.result() for r in ranks]
         procs += group
-        assert "all-reduce over gloo" in group[0].log()  # two hosts: no shared memory
+        if split == "tensor":
+            assert "all-reduce over gloo" in group[0].log()  # two hosts: no shared memory
         other = start_worker(str(gqa_model), tmp_path, 512, "other")
         procs.append(other)
         sched = start_scheduler(str(gqa_model), [group[0].address, other.address], tmp_path,

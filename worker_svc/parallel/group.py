@@ -178,7 +178,9 @@ class TensorGroup:
             commands = dist.new_group(ranks, backend="gloo", timeout=wait)
             if stage == layout.stage:
                 self._tensor, self._commands = tensor, commands
-        self.pipe = Pipe(layout, backend, wait) if layout.pipelined else None
+        self.pipe = (Pipe(layout, backend, wait,
+                          datetime.timedelta(seconds=layout.timeout_s))
+                     if layout.pipelined else None)
         self._store = store  # rank 0 serves the rendezvous for as long as it holds it
         self._shm = (self._shared_memory() if device.type == "cpu" and self.size > 1
                      else None)

@@ -7,10 +7,13 @@ the next stage's layers start from. Each tensor rank of a stage holds the whole 
 Rank 0 of the last stage sends the sampled tokens back to the group's rank 0 on a link of its
 own, so rank 0 can send the next Step down the pipe while it waits for the last one's tokens.
 
-Every link is a two-rank process group: a gloo one for headers (pickled) and, on CUDA, an NCCL
-one for the activations. Their timeout outlasts the gaps between rank 0's heartbeats, as the
-command group's does (group.py), and a rank whose peer died or was cut off gets an error:
-``GroupLost``.
+Every link is a pair of two-rank process groups: a gloo one for headers (pickled), whose
+timeout outlasts the gaps between rank 0's heartbeats as the command group's does (group.py:
+a stage waits there for the next Step), and one for the activations (NCCL on CUDA, gloo on
+the CPU) with the group's timeout, as the all-reduces have, since they follow their header at
+once. Rank 0 waits for a Step's tokens on the way back with the group's timeout too, so a
+stage that died, hung or was cut off mid-Step loses the group within it; any failed send or
+receive is ``GroupLost``.
 """
 
 from __future__ import annotations
@@ -55,7 +58,10 @@ class StageResult:
 class Pipe:
     """This rank's links to its neighbours in the pipeline."""
 
-    def __init__(self, layout: GroupLayout, backend: str, timeout: datetime.timedelta):
+    def __init__(self, layout: GroupLayout, backend: str, timeout: datetime.timedelta,
+                 step_timeout: datetime.timedelta):
+        """``timeout``: how long a stage waits for the next Step; ``step_timeout``: for the
+        parts of a Step in flight (activations, tokens back)."""
         self.layout = layout
         size, stages = layout.size, layout.num_stages
         me = layout.global_rank
@@ -68,14 +74,13 @@ class Pipe:
             for t in range(size):
                 a, b = stage * size + t, (stage + 1) * size + t
                 headers = dist.new_group([a, b], backend="gloo", timeout=timeout)
-                tensors = (headers if backend == "gloo"
-                           else dist.new_group([a, b], backend=backend, timeout=timeout))
+                tensors = dist.new_group([a, b], backend=backend, timeout=step_timeout)
                 if me == a:
                     self.next, self._next_groups = b, (headers, tensors)
                 if me == b:
                     self.prev, self._prev_groups = a, (headers, tensors)
         self.sampler = (stages - 1) * size  # rank 0 of the last stage
-        back = dist.new_group([0, self.sampler], backend="gloo", timeout=timeout)
+        back = dist.new_group([0, self.sampler], backend="gloo", timeout=step_timeout)
         self._back = back if me in (0, self.sampler) else None
 
     def send_down(self, msg: StageMessage | None, hidden: torch.Tensor | None) -> None:
