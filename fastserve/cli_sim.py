@@ -60,7 +60,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="first N requests, or the trace repeated up to N")
     cost = p.add_mutually_exclusive_group()
     cost.add_argument("--cost-model", default="opt-13b-a100",
-                      help="published cost model (default opt-13b-a100)")
+                      help="published cost model, one device's times: opt-13b-a100 "
+                      "(default), opt-66b-a100, opt-175b-a100 (the last two need "
+                      "--tensor-parallel / --pipeline-parallel to fit their weights: 4 and 8 "
+                      "A100s in the published settings)")
     cost.add_argument("--profile", default=None, metavar="PROFILE.json",
                       help="a worker's profile (worker_svc/profiler.py JSON) as the cost model")
     # OPT-13B keeps 800 KiB of KV per token (2 x 40 layers x 5120 x fp16); an A100-80GB has
@@ -77,8 +80,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="worker groups, each with its own pool and store share; a request "
                    "joins the least loaded (fewest live jobs, then most free blocks), as the "
                    "cluster layer places it (default 1)")
+    p.add_argument("--tensor-parallel", type=_at_least_one, default=1, metavar="T",
+                   help="tensor-parallel ranks per worker group: compute / T plus two "
+                   "all-reduces per layer (default 1)")
+    p.add_argument("--pipeline-parallel", type=_at_least_one, default=1, metavar="P",
+                   help="pipeline stages per worker group: each holds a batch 1/P of its "
+                   "latency, and the group keeps up to P batches in flight (--set "
+                   "steps_in_flight=N to change that) (default 1)")
     p.add_argument("--swap-gbps", type=float, default=None,
-                   help="device <-> store copy bandwidth, GB/s (default: the cost model's)")
+                   help="device <-> store copy bandwidth of a group, GB/s (default: the cost "
+                   "model's, T x P times one device's)")
     p.add_argument("--kv-bytes-per-token", type=int, default=None,
                    help="KV bytes per token, all layers (default: the cost model's)")
     p.add_argument("--max-context", type=int, default=None,
@@ -115,6 +126,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _str_list(text: str) -> list[str]:
     return [s.strip() for s in text.split(",") if s.strip()]
+
+
+def _at_least_one(text: str) -> int:
+    """An integer >= 1 (argparse names the option in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def _float_list(text: str) -> list[float]:
@@ -216,6 +238,11 @@ def run(args: argparse.Namespace) -> int:
         else:
             raise ValueError(f"--cost-model must be one of {', '.join(sorted(PUBLISHED))}, "
                              f"got {args.cost_model!r} (or give --profile)")
+        try:
+            cost_model = cost_model.split(args.tensor_parallel, args.pipeline_parallel)
+        except ValueError as e:
+            raise ValueError(f"--tensor-parallel {args.tensor_parallel} --pipeline-parallel "
+                             f"{args.pipeline_parallel}: {e}") from None
         kv_policies = args.kv_policies or [settings.get("kv_policy", DEFAULTS.kv_policy)]
         configs = {}  # label -> config: one run per scheduling policy and KV policy
         for p in policies:

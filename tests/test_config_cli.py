@@ -58,7 +58,7 @@ def _other_value(f: dataclasses.Field) -> object:
     if kind is bool:
         return not default
     if kind is int:
-        return default + 1
+        return 2 if default is None else default + 1
     if kind is float:
         return 0.5 if default is None else default * 1.5
     raise AssertionError(f"no test value for SchedulerConfig.{f.name} ({kind})")

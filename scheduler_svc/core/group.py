@@ -16,6 +16,8 @@ the KV policy's (``kv/policies.py``); the batch is the batcher's (``batcher.py``
 
 from __future__ import annotations
 
+from collections import deque
+
 from scheduler_svc.core.batcher import Batcher
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.contract import JobUpdate, Stats, StepPlan, StepResult
@@ -57,6 +59,7 @@ class GroupCore:
         self.num_preemptions = 0
         self.num_finished: dict[str, int] = {}
         self._last_batch: set[int] = set()
+        self._recent_batches: deque[set[int]] = deque(maxlen=pipeline_depth)
         self._last_iteration_s = cost_model.min_iteration_time if cost_model else 0.05
         self.swap_wait_s = 0.0
         self._next_step_id = 0
@@ -203,8 +206,12 @@ class GroupCore:
         self._num_waiting -= len(step.started)
         self._num_waiting_single -= sum(len(j.prompt) == 1 for j in step.started)
         chosen = step.chosen
-        self.num_preemptions += sum(1 for j in self._last_batch
-                                    if j not in chosen and j in self.jobs)
+        # Preempted: a job of the last plans (one per pipeline stage) that is live, left out
+        # of this one, and not in another plan still in flight.
+        busy, jobs = self._busy, self.jobs
+        self.num_preemptions += len({j for batch in self._recent_batches for j in batch
+                                     if j not in chosen and j in jobs and j not in busy})
+        self._recent_batches.append(chosen)
         self._last_batch = chosen
         self.kv.end_step()
         self.repeatable_plan = (plan if self.pipeline_depth == 1 and not self.kv.has_claims()

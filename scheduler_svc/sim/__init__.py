@@ -2,18 +2,13 @@
 
 ``simulate`` runs a trace through the production ``SchedulerCore`` and policy; ``summarize``
 computes the figures the real-cluster benchmark reports too; ``throughput_at_slo`` searches the
-highest arrival rate that meets the paper's per-token latency SLO.
+highest arrival rate that meets the paper's per-token latency SLO (``slo.py``);
+``pipeline.py`` times a group's batches through its pipeline stages.
 """
 
 from scheduler_svc.sim.metrics import SUMMARY_KEYS, RequestRecord, percentile, summarize
-from scheduler_svc.sim.simulator import (
-    SimResult,
-    SloPoint,
-    SloSearch,
-    default_slo,
-    simulate,
-    throughput_at_slo,
-)
+from scheduler_svc.sim.simulator import SimResult, simulate
+from scheduler_svc.sim.slo import SloPoint, SloSearch, default_slo, throughput_at_slo
 
 __all__ = [
     "SUMMARY_KEYS", "RequestRecord", "SimResult", "SloPoint", "SloSearch", "default_slo",

@@ -17,6 +17,14 @@ Event order, matching the service (``scheduler_svc/loop.py``):
 
 Every request is admitted (no ``max_waiting`` refusal): a benchmark client would retry, and a
 refused request would silently drop out of the figures.
+
+A group of P pipeline stages (``cost_model.pipeline_parallel``) keeps up to P plans in flight
+(``config.steps_in_flight`` overrides it, as in the service), a job in at most one: a plan is
+formed when the first stage is free, goes through the stages in order (``pipeline.py``: one
+stage time each, ``CostModel.stage_time``), and is settled with ``update()`` when it leaves
+the last, before a plan formed at the same time. With one plan in flight the loop above runs
+unchanged (and fast-forwards, ``core/steady.py``); with more, events are launches and
+settles in time order (no fast-forward: the core never offers a repeatable plan then).
 """
 
 from __future__ import annotations
@@ -30,12 +38,13 @@ from dataclasses import dataclass, field
 from typing import ParamSpec, Protocol, TypeVar
 
 from scheduler_svc.core.config import SchedulerConfig
-from scheduler_svc.core.contract import StepResult, TokenResult
+from scheduler_svc.core.contract import StepPlan, StepResult, TokenResult
 from scheduler_svc.core.cost_model import CostModel
 from scheduler_svc.core.group import GroupCore
 from scheduler_svc.core.job import Job
 from scheduler_svc.core.steady import advance, window
 from scheduler_svc.sim.metrics import RequestRecord, summarize
+from scheduler_svc.sim.pipeline import Pipeline
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -182,6 +191,10 @@ def simulate(
     perfect predictor, None gives none. ``predictions``: recorded predicted output lengths
     instead, one per request of ``requests`` in its order (a predictor's, say).
 
+    ``cost_model`` may be split over a group (``CostModel.split``): its times are then the
+    group's, and with ``pipeline_parallel`` P > 1 up to P plans are in flight per group
+    (``config.steps_in_flight``, when set, instead).
+
     ``fast_forward``: apply runs of iterations that repeat the batch before them at once
     (``core/steady.py``); the figures are the same either way, only the time to get them
     differs.
@@ -214,8 +227,11 @@ def simulate(
                      for s in specs]
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
+    stages = cost_model.pipeline_parallel
+    depth = config.steps_in_flight or stages  # plans in flight per group, as the service's
     groups = [_Group(GroupCore(config, num_blocks, block_size, max_context,
-                               cost_model=cost_model, store_blocks=store_blocks))
+                               cost_model=cost_model, store_blocks=store_blocks,
+                               pipeline_depth=depth))
               for _ in range(replicas)]
     swap_time = cost_model.swap_time
     records: list[RequestRecord | None] = [None] * len(specs)
@@ -226,6 +242,7 @@ def simulate(
     start = specs[0].arrival_s if specs else 0.0
     for g in groups:
         g.now = start
+        g.pipe = Pipeline(stages, start)
     # For stop_above_s_per_token: sum of finished jobs' latency per token, and over live jobs
     # the sums of 1/output and arrival/output (their bound at time t is t*inv - arr).
     done_per_token = live_inv = live_arr = 0.0
@@ -247,6 +264,7 @@ def simulate(
                 groups, key=lambda h: (h.core.load(), groups.index(h)))
             g.core.add(job, s.arrival_s)
             g.now = max(g.now, s.arrival_s)
+            g.blocked = False
             live_inv += 1.0 / s.output_tokens
             live_arr += s.arrival_s / s.output_tokens
             next_i += 1
@@ -266,9 +284,97 @@ def simulate(
         """The mean latency per token every request is certain to exceed at time ``t``."""
         return (done_per_token + t * live_inv - live_arr) / num_specs
 
+    def answer(plan: StepPlan) -> tuple[list[TokenResult], float]:
+        """A worker's answer to ``plan`` and its compute time: a job samples in the iteration
+        that computes its last known token (the command says which); a plan of only frees
+        and swaps computes nothing."""
+        num_decodes = prefill_tokens = 0
+        results = []
+        for cmd in plan.commands:
+            n = cmd.num_tokens
+            if n == 1:
+                num_decodes += 1
+            else:
+                prefill_tokens += n
+            results.append(TokenResult(cmd.job_id, cmd.num_computed,
+                                       SIM_TOKEN if cmd.samples else None))
+        if not plan.commands:
+            return results, 0.0
+        key = (num_decodes, prefill_tokens)
+        t = times.get(key)
+        if t is None:
+            t = times[key] = iteration_time(num_decodes, prefill_tokens)
+        return results, t
+
+    def pipelined() -> tuple[float, float | None]:
+        """The run with up to ``depth`` plans in flight per group: the next event of all
+        groups, a settle (a batch left the last stage) before a launch (the first stage is
+        free and a plan may be formed) at the same time. Returns (end time, stopped_at)."""
+        nonlocal num_iterations
+        now = start
+        while True:
+            best: tuple[float, bool, _Group] | None = None  # (time, launch?, group)
+            for h in groups:
+                settle_at = h.pipe.next_end
+                launch_at = (max(h.now, h.pipe.stage_free_at(0))
+                             if len(h.pipe) < depth and not h.blocked and h.core.has_work()
+                             else math.inf)
+                at = min(settle_at, launch_at)
+                if at < math.inf and (best is None or at < best[0]):
+                    best = (at, launch_at < settle_at, h)
+            if best is None:
+                if next_i == num_specs:
+                    return now, None
+                admit_until(specs[next_i].arrival_s)
+                continue
+            at, launch, g = best
+            core = g.core
+            admit_until(at)  # arrived by now, as in the service
+            if not launch:
+                b = g.pipe.pop()
+                g.blocked = False
+                num_done = 0
+                result = StepResult(b.results, [], b.end - b.start, swap_wait_s=b.swap_wait_s)
+                for u in core.update(b.plan.step_id, result, at):
+                    if u.finished:
+                        record(u.job)
+                        num_done += 1
+                if check_invariants:
+                    core.check_invariants()
+                now = g.now = max(g.now, at)
+                if progress is not None and num_done:
+                    progress(num_done)
+                if stop_above_s_per_token is not None and bound(at) > stop_above_s_per_token:
+                    return now, bound(at)
+                continue
+            plan = core.schedule(at)
+            if plan is None:
+                if len(g.pipe):  # every job it could run is in flight: wait for a settle
+                    g.blocked = True
+                    continue
+                if next_i == num_specs or core.kv.num_free == 0:
+                    raise _stalled(core, at, config)
+                g.now = max(at, specs[next_i].arrival_s)
+                if replicas > 1 and g.now > at:
+                    admit_until(g.now)
+                continue
+            # Plans that compute nothing while nothing else is in flight: see the loop below.
+            stuck = not plan.commands and core.jobs and not len(g.pipe)
+            g.num_idle_plans = g.num_idle_plans + 1 if stuck else 0
+            if g.num_idle_plans > MAX_IDLE_PLANS:
+                raise _stalled(core, at, config)
+            results, t = answer(plan)
+            wait = g.swap_wait(plan, at, swap_time, block_size)
+            if plan.commands:
+                num_iterations += 1
+            g.pipe.start(plan, results, at + wait, t / stages, wait)
+            g.now = at
+
     stopped_at: float | None = None
     now = start
-    while True:
+    if depth > 1:
+        now, stopped_at = pipelined()
+    while depth == 1:  # one plan in flight: each iteration is formed, run and settled at once
         # The group whose next iteration starts first acts (one group: always it).
         live = [g for g in groups if g.core.jobs]
         if not live:
@@ -293,40 +399,10 @@ def simulate(
         g.num_idle_plans = g.num_idle_plans + 1 if not plan.commands and core.jobs else 0
         if g.num_idle_plans > MAX_IDLE_PLANS:
             raise _stalled(core, now, config)
-        # Answer like a worker: a job samples in the iteration that computes its last known
-        # token (the command says which).
-        num_decodes = prefill_tokens = 0
-        results = []
-        for cmd in plan.commands:
-            n = cmd.num_tokens
-            if n == 1:
-                num_decodes += 1
-            else:
-                prefill_tokens += n
-            results.append(TokenResult(cmd.job_id, cmd.num_computed,
-                                       SIM_TOKEN if cmd.samples else None))
-        wait = 0.0
-        if plan.swap_out or plan.swap_in:
-            t_copy = max(now, g.copy_free_at)
-            for jid in plan.swap_out:
-                t_copy += swap_time(core.jobs[jid].kv.stored, block_size)
-            for sw in plan.swap_in:
-                t_copy += swap_time(len(sw.block_ids), block_size)
-                g.upload_done[sw.job_id] = t_copy
-            g.copy_free_at = t_copy
-        if g.upload_done:
-            for cmd in plan.commands:
-                done_at = g.upload_done.pop(cmd.job_id, None)
-                if done_at is not None and done_at > now + wait:
-                    wait = done_at - now
+        results, t = answer(plan)
+        wait = g.swap_wait(plan, now, swap_time, block_size)
         if plan.commands:
-            key = (num_decodes, prefill_tokens)
-            t = times.get(key)
-            if t is None:
-                t = times[key] = iteration_time(num_decodes, prefill_tokens)
             num_iterations += 1
-        else:  # only frees and swaps: the worker computes nothing
-            t = 0.0
         end = now + wait + t
         admit_until(end)  # arrived while the iteration ran, as in the service
         num_done = 0
@@ -387,13 +463,35 @@ def simulate(
 
 @dataclass
 class _Group:
-    """One simulated worker group: its core, its copy engine and its clock."""
+    """One simulated worker group: its core, its copy engine, its clock and its pipeline."""
 
     core: GroupCore
     now: float = 0.0  # when its next iteration may start
     copy_free_at: float = 0.0  # its copy engine is busy until then
     upload_done: dict[int, float] = field(default_factory=dict)  # job id -> upload complete
     num_idle_plans: int = 0  # plans in a row that computed nothing while jobs were live
+    pipe: Pipeline = field(default_factory=lambda: Pipeline(1))  # its plans in flight (P > 1)
+    blocked: bool = False  # no plan could be formed: wait for a settle or an arrival (P > 1)
+
+    def swap_wait(self, plan: StepPlan, now: float, swap_time: Callable[[int, int], float],
+                  block_size: int) -> float:
+        """Queue ``plan``'s swap-outs, then its swap-ins, on the copy engine as the Step
+        starts at ``now``; how long its compute waits for its own jobs' uploads."""
+        wait = 0.0
+        if plan.swap_out or plan.swap_in:
+            t_copy = max(now, self.copy_free_at)
+            for jid in plan.swap_out:
+                t_copy += swap_time(self.core.jobs[jid].kv.stored, block_size)
+            for sw in plan.swap_in:
+                t_copy += swap_time(len(sw.block_ids), block_size)
+                self.upload_done[sw.job_id] = t_copy
+            self.copy_free_at = t_copy
+        if self.upload_done:
+            for cmd in plan.commands:
+                done_at = self.upload_done.pop(cmd.job_id, None)
+                if done_at is not None and done_at > now + wait:
+                    wait = done_at - now
+        return wait
 
 
 def _stalled(core: GroupCore, now: float, config: SchedulerConfig) -> RuntimeError:
@@ -403,94 +501,3 @@ def _stalled(core: GroupCore, now: float, config: SchedulerConfig) -> RuntimeErr
         f"{alloc.num_free} of {alloc.num_blocks} blocks of {alloc.block_size} tokens free "
         f"(policy {config.policy!r})"
     )
-
-
-# ---- throughput at an SLO -------------------------------------------------------------------
-@dataclass(frozen=True)
-class SloPoint:
-    rate: float
-    mean_latency_per_token_s: float
-    meets_slo: bool
-    summary: dict  # empty when the run was ended early
-    lower_bound: bool = False  # the run ended once the SLO was certainly missed: the
-    # latency figure is a lower bound
-
-
-@dataclass
-class SloSearch:
-    """``rate``: the highest rate tried whose mean latency per token met the SLO (None: none)."""
-
-    policy: str
-    slo_s_per_token: float
-    rate: float | None
-    curve: list[SloPoint] = field(default_factory=list)  # by rate
-
-
-def default_slo(cost_model: CostModel) -> float:
-    """The paper's SLO: mean latency per output token under 10x one decode iteration."""
-    return 10.0 * cost_model.min_iteration_time
-
-
-def throughput_at_slo(
-    requests_fn: Callable[[float], Sequence[RequestLike]],
-    rates: Iterable[float],
-    slo_s_per_token: float | None = None,
-    *,
-    config: SchedulerConfig,
-    cost_model: CostModel,
-    num_blocks: int,
-    block_size: int = 16,
-    max_context: int | None = None,
-    refine_steps: int = 0,
-    stop_at_first_miss: bool = True,
-    progress: Callable[[int], None] | None = None,
-    store_blocks: int = 0,
-    prediction_sigma: float | None = None,
-    prediction_seed: int = 0,
-    predictions: Sequence[float] | None = None,
-    replicas: int = 1,
-) -> SloSearch:
-    """The highest arrival rate whose mean latency per output token stays under the SLO.
-
-    A grid search over ``rates`` (ascending; ``requests_fn(rate)`` builds the trace at each),
-    then ``refine_steps`` bisections between the best passing rate and the first failing one.
-    Past the knee every job queues, so by default the grid stops at the first miss: those runs
-    are the slowest to simulate and cannot change the answer when latency grows with load.
-    """
-    slo = default_slo(cost_model) if slo_s_per_token is None else slo_s_per_token
-    search = SloSearch(config.policy, slo, None)
-
-    def run(rate: float) -> bool:
-        result = simulate(requests_fn(rate), config=config, cost_model=cost_model,
-                          num_blocks=num_blocks, block_size=block_size,
-                          max_context=max_context, rate=rate, progress=progress,
-                          store_blocks=store_blocks, stop_above_s_per_token=slo,
-                          prediction_sigma=prediction_sigma, prediction_seed=prediction_seed,
-                          predictions=predictions, replicas=replicas)
-        if result.stopped_at_s_per_token is not None:  # a certain miss, ended early
-            search.curve.append(SloPoint(rate, result.stopped_at_s_per_token, False, {},
-                                         lower_bound=True))
-            return False
-        s = result.summary()
-        ok = s["mean_latency_per_token_s"] <= slo
-        search.curve.append(SloPoint(rate, s["mean_latency_per_token_s"], ok, s))
-        if ok and (search.rate is None or rate > search.rate):
-            search.rate = rate
-        return ok
-
-    first_miss = None
-    for rate in sorted(rates):
-        if not run(rate) and first_miss is None:
-            first_miss = rate
-            if stop_at_first_miss:
-                break
-    if first_miss is not None and search.rate is not None and search.rate < first_miss:
-        lo, hi = search.rate, first_miss
-        for _ in range(refine_steps):
-            mid = (lo + hi) / 2
-            if run(mid):
-                lo = mid
-            else:
-                hi = mid
-    search.curve.sort(key=lambda p: p.rate)
-    return search

@@ -146,10 +146,12 @@ def test_a_group_size_that_does_not_divide_the_kv_heads_is_refused_by_name(gqa_m
     assert "tensor_parallel_size 3 must divide the model's 4 KV heads" in str(e.value)
 
 
-@pytest.mark.parametrize(("size", "stages"), [(3, 1), (1, 2), (1, 3), (3, 2)])
+@pytest.mark.parametrize(("size", "stages"), [(3, 1), (1, 2), (1, 3), (1, 4), (3, 2)])
 def test_smollm2_matches_transformers_split_by_heads_and_layers(default_model_dir, tmp_path,
                                                                 size, stages):
-    """The default model over its 3 KV heads, in 2 and 3 stages of its 30 layers, and both."""
+    """The default model over its 3 KV heads, in 2, 3 and 4 stages of its 30 layers, and both;
+    its output-length predictor (layer 21: the last stage's, or the third of four) predicts
+    every job wherever it runs."""
     prompts = [[1, 9690, 198] + [2000 + 37 * i + k for k in range(12 + 20 * i)]
                for i in range(3)]
     max_tokens = 16
@@ -158,6 +160,8 @@ def test_smollm2_matches_transformers_split_by_heads_and_layers(default_model_di
                            store=False, stages=stages)
     try:
         assert concurrently(cluster.stub, prompts, max_tokens) == expected
+        (worker,) = cluster.stub.Status(spb.StatusRequest()).workers
+        assert worker.predictor and worker.num_predicted == len(prompts)
     finally:
         cluster.close()
 

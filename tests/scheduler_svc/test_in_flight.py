@@ -112,3 +112,21 @@ def test_a_pipeline_spreads_the_live_jobs_over_its_batches(live, depth, sizes):
     while (plan := core.schedule(0.0)) is not None:
         plans.append(plan)
     assert [len(p.commands) for p in plans] == sizes
+
+
+def test_jobs_waiting_in_the_other_plan_in_flight_are_not_counted_preempted():
+    """Two stages, eight jobs in two alternating batches of four for 20 rounds: nobody is
+    preempted (each plan leaves out the four the other one holds)."""
+    core = GroupCore(SchedulerConfig(max_batch_size=8, max_batched_tokens=4096), 256, BS,
+                     1024, pipeline_depth=2)
+    worker = PositionalWorker(256)
+    for i in range(8):
+        core.add(make_job(i, prompt_len=3, max_tokens=30), 0.0)
+    in_flight = []
+    for r in range(40):
+        while (plan := core.schedule(r)) is not None:
+            in_flight.append((plan, worker.apply(plan)))
+        plan, results = in_flight.pop(0)
+        core.update(plan.step_id, StepResult(results, [], 0.01), r + 0.5)
+    assert core.num_iterations == 40
+    assert core.num_preemptions == 0
