@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fastserve.metrics_endpoint import DEFAULT_HOST, HOST_HELP
+from fastserve.ports import free_port
 from fastserve.tls import CA_FILE, cert_files, make_local_ca
 from scheduler_svc.config_args import add_config_args, config_argv, config_from_args
 
@@ -191,10 +192,11 @@ def group_commands(args: argparse.Namespace, kvstore: str | None = None,
     if size * stages == 1:
         return [rank0]
     threads = max(1, (os.cpu_count() or 1) // (size * stages))
-    group, places = group_flags(size, stages, f"127.0.0.1:{_free_port()}", threads)
+    group, places = group_flags(size, stages, f"127.0.0.1:{free_port()}", threads)
     follower = list(rank0)
-    i = follower.index("--metrics-port")
-    del follower[i:i + 2]  # only rank 0 serves (metrics, gRPC)
+    for flag in ("--metrics-port", "--listen"):  # only rank 0 serves (metrics, gRPC)
+        i = follower.index(flag)
+        del follower[i:i + 2]
     return [rank0 + group, *(follower + group + place for place in places[1:])]
 
 
@@ -213,14 +215,6 @@ def group_flags(size: int, stages: int, address: str,
             place += ["--pipeline-parallel-rank", str(rank // size)]
         places.append(place)
     return group, places
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def worker_metrics_port(scheduler_port: int, offset: int = 1) -> int:

@@ -6,11 +6,12 @@ import os
 import pathlib
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
+
+from fastserve.ports import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -73,19 +74,16 @@ def start_group(model: str, log_dir: pathlib.Path, size: int, num_blocks: int = 
     ranks start together: each is ready only once all have joined."""
     import concurrent.futures
 
+    from fastserve.cli_serve import group_flags
+
     world = size * stages
-    group = ["--tensor-parallel-size", str(size), "--group-address", f"127.0.0.1:{free_port()}",
-             "--threads", str(max(1, (os.cpu_count() or 1) // world))]
-    if stages > 1:
-        group += ["--pipeline-parallel-size", str(stages)]
+    group, places = group_flags(size, stages, f"127.0.0.1:{free_port()}",
+                                max(1, (os.cpu_count() or 1) // world))
 
     def rank(r: int) -> ServiceProcess:
         if r == 0:
             return start_worker(model, log_dir, num_blocks, f"{name}-rank0", *group, *extra)
-        place = ["--tensor-parallel-rank", str(r % size)]
-        if stages > 1:
-            place += ["--pipeline-parallel-rank", str(r // size)]
-        args = ["--model", model, "--num-blocks", str(num_blocks), *group, *place, *extra]
+        args = ["--model", model, "--num-blocks", str(num_blocks), *group, *places[r], *extra]
         return ServiceProcess("worker_svc", args, "worker rank", log_dir / f"{name}-rank{r}.log")
 
     with concurrent.futures.ThreadPoolExecutor(world) as pool:
@@ -137,9 +135,3 @@ def scrape_metrics(port: int) -> dict[tuple[str, frozenset], float]:
         for s in family.samples
     }
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -53,8 +53,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from fastserve.bench.compare import _Cluster
-    from fastserve.bench.overhead import _free_port
     from fastserve.models import DEFAULT_MODEL, resolve_model
+    from fastserve.ports import free_port
 
     try:
         levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     model = str(resolve_model(args.model or DEFAULT_MODEL, progress=True))
-    metrics_port = _free_port()
+    metrics_port = free_port()
     cluster = _Cluster(args, model, max(1024, max(levels)), metrics_port=metrics_port)
     rows = []
     try:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import sys
 import threading
 import time
 import urllib.request
 
 from fastserve.bench.engine import _int_list
+from fastserve.ports import free_port
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -29,12 +29,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kv-blocks", type=int, default=2048)
     p.add_argument("--json", default=None, metavar="OUT")
     p.set_defaults(func=run)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _scrape(port: int) -> dict[str, float]:
@@ -111,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     from fastserve.proto import scheduler_pb2_grpc
 
     model = str(resolve_model(args.model or DEFAULT_MODEL))
-    metrics_port = _free_port()
+    metrics_port = free_port()
     worker, waddr = start_child(
         [sys.executable, "-m", "worker_svc", "--model", model, "--device", args.device,
          "--num-blocks", str(args.kv_blocks), "--listen", "127.0.0.1:0", "--log-level",

@@ -21,7 +21,8 @@ import os
 import sys
 
 from fastserve.bench.engine import _int_list
-from fastserve.bench.overhead import _free_port, measure
+from fastserve.bench.overhead import measure
+from fastserve.ports import free_port
 
 
 def _layouts(text: str) -> list[tuple[int, int, int]]:
@@ -68,7 +69,7 @@ def group_commands(model: str, device: str, size: int, stages: int, threads: int
             "--num-blocks", str(kv_blocks), "--log-level", "WARNING"]
     if world == 1:
         return [[*base, "--threads", str(threads), "--listen", "127.0.0.1:0"]]
-    group, places = group_flags(size, stages, f"127.0.0.1:{_free_port()}",
+    group, places = group_flags(size, stages, f"127.0.0.1:{free_port()}",
                                 max(1, threads // world))
     return [base + group + ["--listen", "127.0.0.1:0"],
             *(base + group + place for place in places[1:])]
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         procs = [proc for proc, _ in started]
         scheduler = None
         try:
-            metrics_port = _free_port()
+            metrics_port = free_port()
             scheduler, saddr = start_child(
                 [sys.executable, "-m", "scheduler_svc", "--model", model, "--workers",
                  started[0][1], "--listen", "127.0.0.1:0", "--metrics-port", str(metrics_port),

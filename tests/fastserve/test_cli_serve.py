@@ -171,6 +171,29 @@ def test_replicas_get_consecutive_ports_and_metrics_ports_clear_of_the_store():
     assert [c[c.index("--metrics-port") + 1] for c in ports] == ["9401", "9403", "9404"]
 
 
+def test_a_group_is_t_x_p_ranks_and_only_rank_0_serves(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 12)
+    args = build_parser().parse_args(["serve", "--worker-port", "7000", "--tensor-parallel", "3",
+                                      "--pipeline-parallel", "2"])
+    cmds = cli_serve.group_commands(args, "127.0.0.1:9000")
+    assert len(cmds) == 6
+
+    def flag(cmd, name):
+        return cmd[cmd.index(name) + 1] if name in cmd else None
+
+    assert [(flag(c, "--tensor-parallel-rank"), flag(c, "--pipeline-parallel-rank"))
+            for c in cmds] == [(None, None), ("1", "0"), ("2", "0"), ("0", "1"), ("1", "1"),
+                               ("2", "1")]
+    assert {flag(c, "--group-address") for c in cmds} == {flag(cmds[0], "--group-address")}
+    assert all(flag(c, "--pipeline-parallel-size") == "2" and flag(c, "--threads") == "2"
+               for c in cmds)
+    assert [("--listen" in c, "--metrics-port" in c) for c in cmds] == [(True, True)] + [
+        (False, False)] * 5
+    assert all(flag(c, "--kvstore") == "127.0.0.1:9000" for c in cmds)  # each rank its lease
+    args = build_parser().parse_args(["serve"])
+    assert cli_serve.group_commands(args) == [cli_serve.worker_command(args)]
+
+
 def test_serve_restarts_a_child_that_dies_and_keeps_the_others(monkeypatch, fake, capsys):
     monkeypatch.setattr(cli_serve, "RESTART_BACKOFF_S", 0.05)
 
