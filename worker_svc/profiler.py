@@ -84,6 +84,8 @@ def cache_key(engine: Engine, model_path: str) -> str:
     }
     if engine.group is not None:  # one rank's share of the compute, plus the all-reduces
         parts["tensor_parallel"] = engine.group.size
+        if engine.group.layout.pipelined:  # a Step's way through every stage
+            parts["pipeline_parallel"] = engine.group.layout.num_stages
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
 

@@ -67,3 +67,19 @@ def test_unreadable_cache_file_is_ignored(cache):
     path.write_text("{not json")
     assert profiler.load(path) is None
     assert profiler.load(cache / "missing.json") is None
+
+
+def test_a_group_s_layout_is_part_of_its_profile_key(tiny_llama_dir):
+    """A profile measured by one process is not taken for a group's, nor a tensor-parallel
+    group's for a pipeline's: each Step costs differently."""
+    from types import SimpleNamespace
+
+    from worker_svc.parallel.group import GroupLayout
+
+    engine = make_loaded(tiny_llama_dir).engine
+    keys = {profiler.cache_key(engine, "m")}
+    for size, stages in [(2, 1), (1, 2), (2, 2), (1, 3)]:
+        layout = GroupLayout(0, size, "127.0.0.1:1", 30.0, 0, stages)
+        engine.group = SimpleNamespace(size=size, layout=layout)
+        keys.add(profiler.cache_key(engine, "m"))
+    assert len(keys) == 5
