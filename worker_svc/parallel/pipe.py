@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from worker_svc.parallel.group import GroupLayout, GroupLost
+from worker_svc.parallel.layout import GroupLayout, GroupLost
 
 
 @dataclass
