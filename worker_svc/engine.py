@@ -215,12 +215,16 @@ class Engine:
             try:
                 self._swap_out(job_id)
             except JobRejected as e:
+                log.info("swap_out of job %d refused: %s", job_id, e)
                 out.errors.append(JobError(job_id, e.code, str(e)))
         for s in cmd.swap_in:
             try:
                 self._swap_in(s)
             except JobRejected as e:
+                log.info("swap_in of job %d refused: %s", s.job_id, e)
                 out.errors.append(JobError(s.job_id, e.code, str(e)))
+        if cmd.swap_out or cmd.swap_in:
+            log.debug("swaps: out %s, in %s", list(cmd.swap_out), [s.job_id for s in cmd.swap_in])
         for new in cmd.new_jobs:
             try:
                 self._admit(new)

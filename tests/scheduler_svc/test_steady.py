@@ -41,9 +41,10 @@ def overload(n: int, rate: float, seed: int = 1) -> list[Req]:
     return out
 
 
-def sim(reqs, policy, kv, fast, **kw):
+def sim(reqs, policy, kv, fast, steps_in_flight=None, **kw):
     return simulate(reqs, config=SchedulerConfig(policy=policy, kv_policy=kv, max_batch_size=8,
-                                                 max_batched_tokens=128),
+                                                 max_batched_tokens=128,
+                                                 steps_in_flight=steps_in_flight),
                     cost_model=COST, num_blocks=160, store_blocks=400, check_invariants=True,
                     fast_forward=fast, prediction_sigma=0.5 if policy == "predictive" else None,
                     **kw)
@@ -103,12 +104,15 @@ def test_the_walk_ends_once_prefills_take_the_budget_whatever_the_queue():
     assert _walked(10) == _walked(5000) <= 3
 
 
+@pytest.mark.parametrize("depth", [1, 2])
 @pytest.mark.parametrize("kv", sorted(KV_POLICY_CLASSES))
 @pytest.mark.parametrize("policy", sorted(POLICIES))
-def test_no_plan_moves_a_job_twice(policy, kv, monkeypatch):
+def test_no_plan_moves_a_job_twice(policy, kv, depth, monkeypatch):
     """A Step offloads or uploads a job at most once: the worker applies all swap-outs before
     the swap-ins, so "offload, upload, offload" of one job in one plan reached it as two
-    offloads and failed the job ("already offloaded"); the simulator's ledger crashed on it."""
+    offloads and failed the job ("already offloaded"); the simulator's ledger crashed on it.
+    With two plans in flight (pipeline stages) the proactive planner also offloaded a job the
+    same plan's batch had just uploaded (seen on a real two-stage group)."""
     real = GroupCore.schedule
     moves = []
 
@@ -122,6 +126,6 @@ def test_no_plan_moves_a_job_twice(policy, kv, monkeypatch):
 
     monkeypatch.setattr(GroupCore, "schedule", checked)
     for seed in (1, 2, 3):
-        sim(overload(200, rate=14.0, seed=seed), policy, kv, fast=True)
+        sim(overload(200, rate=14.0, seed=seed), policy, kv, fast=True, steps_in_flight=depth)
     if KV_POLICY_CLASSES[kv].swaps and policy in ("skip-join-mlfq", "mlfq", "predictive"):
         assert sum(moves) > 0, "no swaps: the workload put no pressure on the pool"

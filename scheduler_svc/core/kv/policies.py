@@ -177,7 +177,11 @@ class Proactive(KVPolicy):
         # also covers the round trip of the job's own KV.
         later = 4.0 * soon
         swap_s = ledger.copies.seconds
-        busy = step.chosen | set(plan.swap_out) | step.busy
+        # Not moved again: the batch's jobs, this plan's offloads and uploads (an upload the
+        # walk deferred is not in the batch, and the worker would see its offload first),
+        # and the jobs of plans still in flight.
+        busy = (step.chosen | set(plan.swap_out) | {s.job_id for s in plan.swap_in}
+                | step.busy)
         # Paused device jobs, largest ENST first: the ones to offload.
         paused = sorted((j for j in ledger.holding.values()
                          if j.job_id not in busy and ledger.swappable(j)),
