@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fastserve.tls import Tls
+from worker_svc.checkpoint import read_rank_weights
 from worker_svc.engine import Engine
 from worker_svc.kv_pool import KVPool, KVPoolConfig
 from worker_svc.model.config import ModelSpec, rope_tables
@@ -109,10 +110,25 @@ def load_predictor(cfg: EngineConfig, model_path: str, spec: ModelSpec,
     return predictor, desc + ")"
 
 
+def _rank_weights(path: str, spec: ModelSpec, layers: range, layout: GroupLayout,
+                  dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
+    """This rank's weights: read slice by slice from the checkpoint's safetensors files (no
+    rank holds the whole model on the way), or through transformers for other formats."""
+    weights = read_rank_weights(path, spec, layers, layout.rank, layout.size, dtype, device)
+    if weights is not None:
+        return weights
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    mine = stage_weights(hf.state_dict(), spec, layers)
+    return shard_weights({k: v.detach().to(device) for k, v in mine.items()}, spec,
+                         layout.rank, layout.size)
+
+
 def load_engine(cfg: EngineConfig) -> LoadedModel:
     """Load the model (this rank's shard of it, in a group) and its KV pool; in a group,
     returns once every rank has joined."""
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoConfig, GenerationConfig
 
     from fastserve.models import resolve_model
 
@@ -124,29 +140,26 @@ def load_engine(cfg: EngineConfig) -> LoadedModel:
     layout = cfg.group
     where = layout.describe()
     log.info("loading %s (%s on %s%s)", path, cfg.dtype, device, f", {where}" if where else "")
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    hf_config = AutoConfig.from_pretrained(path)
     try:
         gen_cfg = GenerationConfig.from_pretrained(path)
     except OSError:
         gen_cfg = None
-    full = ModelSpec.from_hf_config(hf.config, gen_cfg)
+    full = ModelSpec.from_hf_config(hf_config, gen_cfg)
     # Said at start-up, naming the heads or the layers.
     check_tensor_parallel(full, layout.size)
     check_pipeline_parallel(full, layout.num_stages)
     layers = stage_layers(full.num_layers, layout.num_stages, layout.stage)
     spec = shard_spec(full, layout.size)
-    mine = stage_weights(hf.state_dict(), full, layers)
-    weights = shard_weights({k: v.detach().to(device) for k, v in mine.items()},
-                            full, layout.rank, layout.size)
+    weights = _rank_weights(path, full, layers, layout, dtype, device)
     max_positions = min(cfg.max_context or spec.max_position_embeddings,
                         spec.max_position_embeddings)
-    cos, sin = rope_tables(hf.config, max_positions, device)
+    cos, sin = rope_tables(hf_config, max_positions, device)
     model = LlamaModel(spec, weights, cos, sin, linear_kernel=cfg.linear_kernel, layers=layers)
     model.computes_logits = layout.samples  # only one rank samples
     log.info("layers [%d, %d) of %d; linears on the %s kernel", layers.start, layers.stop,
              full.num_layers, model.linear_kernel)
-    hf_config = hf.config
-    del hf, weights, mine
+    del weights
     pool = KVPool(
         KVPoolConfig(len(layers), spec.num_kv_heads, spec.head_dim, cfg.num_blocks,
                      cfg.block_size),

@@ -38,14 +38,12 @@ def shard_spec(spec: ModelSpec, size: int) -> ModelSpec:
                                intermediate_size=spec.intermediate_size // size)
 
 
-def shard_weights(weights: dict[str, torch.Tensor], spec: ModelSpec, rank: int,
-                  size: int) -> dict[str, torch.Tensor]:
-    """Rank ``rank``'s slices of a transformers Llama state dict (contiguous copies)."""
-    check_tensor_parallel(spec, size)
-    if not 0 <= rank < size:
-        raise ValueError(f"tensor_parallel_rank must be in [0, {size}), got {rank}")
+def shard_rule(name: str, spec: ModelSpec, rank: int,
+               size: int) -> tuple[int, int, int] | bool | None:
+    """What rank ``rank`` of ``size`` keeps of the tensor ``name``: ``(dim, start, stop)`` for
+    a slice, True for the whole tensor, None for nothing (a row-parallel bias off rank 0)."""
     if size == 1:
-        return weights
+        return True
     d = spec.head_dim
     rows = {
         "self_attn.q_proj": spec.num_heads * d // size,
@@ -56,22 +54,36 @@ def shard_weights(weights: dict[str, torch.Tensor], spec: ModelSpec, rank: int,
     }
     cols = {"self_attn.o_proj": spec.num_heads * d // size,
             "mlp.down_proj": spec.intermediate_size // size}
+    parts = name.rsplit(".", 1)
+    module = parts[0].split(".", 3)[-1] if name.startswith("model.layers.") else ""
+    kind = parts[-1]
+    if module in rows:  # column parallel: its output rows (and bias) split
+        n = rows[module]
+        return 0, rank * n, (rank + 1) * n
+    if module in cols and kind == "weight":  # row parallel: its input columns split
+        n = cols[module]
+        return 1, rank * n, (rank + 1) * n
+    if module in cols:  # a row-parallel bias: added once, after the sum, by rank 0
+        return True if rank == 0 else None
+    return True
+
+
+def shard_weights(weights: dict[str, torch.Tensor], spec: ModelSpec, rank: int,
+                  size: int) -> dict[str, torch.Tensor]:
+    """Rank ``rank``'s slices of a transformers Llama state dict (contiguous copies)."""
+    check_tensor_parallel(spec, size)
+    if not 0 <= rank < size:
+        raise ValueError(f"tensor_parallel_rank must be in [0, {size}), got {rank}")
+    if size == 1:
+        return weights
     out: dict[str, torch.Tensor] = {}
     for name, w in weights.items():
-        parts = name.rsplit(".", 1)
-        module = parts[0].split(".", 3)[-1] if name.startswith("model.layers.") else ""
-        kind = parts[-1]
-        if module in rows:  # column parallel: its output rows (and bias) split
-            n = rows[module]
-            out[name] = w[rank * n:(rank + 1) * n].contiguous()
-        elif module in cols and kind == "weight":  # row parallel: its input columns split
-            n = cols[module]
-            out[name] = w[:, rank * n:(rank + 1) * n].contiguous()
-        elif module in cols:  # a row-parallel bias: added once, after the sum, by rank 0
-            if rank == 0:
-                out[name] = w
-        else:
+        rule = shard_rule(name, spec, rank, size)
+        if rule is True:
             out[name] = w
+        elif rule is not None:
+            dim, start, stop = rule
+            out[name] = w.narrow(dim, start, stop - start).contiguous()
     return out
 
 
@@ -93,20 +105,19 @@ def stage_layers(num_layers: int, stages: int, stage: int) -> range:
     return range(start, start + base + (1 if stage < extra else 0))
 
 
+def stage_keeps(name: str, spec: ModelSpec, layers: range) -> bool:
+    """Whether a stage holding ``layers`` needs the tensor ``name``: its layers' own, the
+    embeddings on the first stage (and on the last when the LM head is tied to them), the
+    final norm and LM head on the last."""
+    first, last = layers.start == 0, layers.stop == spec.num_layers
+    if name.startswith("model.layers."):
+        return int(name.split(".", 3)[2]) in layers
+    if name == "model.embed_tokens.weight":
+        return first or (last and spec.tie_word_embeddings)
+    return last  # model.norm, lm_head
+
+
 def stage_weights(weights: dict[str, torch.Tensor], spec: ModelSpec,
                   layers: range) -> dict[str, torch.Tensor]:
-    """The weights a stage holding ``layers`` needs: its layers' own, the embeddings on the
-    first stage (and on the last when the LM head is tied to them), the final norm and LM
-    head on the last."""
-    first, last = layers.start == 0, layers.stop == spec.num_layers
-    out = {}
-    for name, w in weights.items():
-        if name.startswith("model.layers."):
-            keep = int(name.split(".", 3)[2]) in layers
-        elif name == "model.embed_tokens.weight":
-            keep = first or (last and spec.tie_word_embeddings)
-        else:  # model.norm, lm_head
-            keep = last
-        if keep:
-            out[name] = w
-    return out
+    """The weights of ``weights`` a stage holding ``layers`` needs (``stage_keeps``)."""
+    return {name: w for name, w in weights.items() if stage_keeps(name, spec, layers)}
