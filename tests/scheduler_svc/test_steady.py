@@ -129,3 +129,45 @@ def test_no_plan_moves_a_job_twice(policy, kv, depth, monkeypatch):
         sim(overload(200, rate=14.0, seed=seed), policy, kv, fast=True, steps_in_flight=depth)
     if KV_POLICY_CLASSES[kv].swaps and policy in ("skip-join-mlfq", "mlfq", "predictive"):
         assert sum(moves) > 0, "no swaps: the workload put no pressure on the pool"
+
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_an_upload_runs_before_the_planner_offloads_it_again(policy, depth, monkeypatch):
+    """Neither the proactive planner nor a displacement offloads a job uploaded before it has
+    computed: the round trip gains nothing, and with estimates that flip it repeated for ever
+    (one job moved out and in on every Step of a two-stage group, never computing). Only the
+    last resort, which keeps the oldest job moving when nothing fits, may."""
+    from scheduler_svc.core.batcher import Batcher
+
+    real, real_room = GroupCore.schedule, Batcher._make_room
+    unrun: set[int] = set()
+    last_resort: set[int] = set()
+    seen = []
+
+    def room(self, order, budget, step):
+        before = set(step.plan.swap_out)
+        real_room(self, order, budget, step)
+        last_resort.update(set(step.plan.swap_out) - before)
+
+    def checked(self, now):
+        last_resort.clear()
+        plan = real(self, now)
+        if plan is not None:
+            again = unrun.intersection(plan.swap_out) - last_resort
+            assert not again, f"offloaded again before running: {sorted(again)}"
+            unrun.difference_update(c.job_id for c in plan.commands)
+            unrun.difference_update(plan.free_job_ids)
+            unrun.update(s.job_id for s in plan.swap_in)
+            seen.append(len(plan.swap_in))
+        return plan
+
+    monkeypatch.setattr(GroupCore, "schedule", checked)
+    monkeypatch.setattr(Batcher, "_make_room", room)
+    for seed in (1, 2, 3):
+        unrun.clear()
+        sim(overload(200, rate=14.0, seed=seed), policy, "proactive", fast=True,
+            steps_in_flight=depth)
+    if policy in ("skip-join-mlfq", "mlfq", "predictive"):
+        assert sum(seen) > 0, "no uploads: the workload put no pressure on the pool"

@@ -69,6 +69,8 @@ class KVLedger:
         self._outgoing: dict[int, list[int]] = {}  # swapped out, blocks not yet confirmed free
         # Uploads not computed on yet: job id -> when the copy engine is predicted to finish.
         self._ready_at: dict[int, float] = {}
+        # Uploaded jobs that have not computed since: job id -> their computed tokens then.
+        self._unrun: dict[int, int] = {}
         # A refused swap-out means the store is full or gone: no swaps until this time.
         self._store_retry_at = 0.0
         self.store_up = store_blocks > 0
@@ -133,6 +135,19 @@ class KVLedger:
             return False
         return True
 
+    def ran_since_upload(self, job: Job) -> bool:
+        """Whether ``job`` computed since its last upload (or was never uploaded). A job
+        uploaded and offloaded again before it runs gains nothing, and a planner whose
+        estimates flip can do that for ever: seen as one job moved out and in on every Step
+        of a two-stage group, never computing."""
+        before = self._unrun.get(job.job_id)
+        if before is None:
+            return True
+        if before != job.kv.num_computed:
+            del self._unrun[job.job_id]
+            return True
+        return False
+
     def has_claims(self) -> bool:
         """Whether this Step reserved freed blocks for a job in the next."""
         return bool(self._claims)
@@ -177,6 +192,7 @@ class KVLedger:
 
     def release(self, job: Job) -> None:
         self._ready_at.pop(job.job_id, None)
+        self._unrun.pop(job.job_id, None)
         if job.kv.blocks:
             del self._holding[job.job_id]
         self.allocator.free(job.kv.blocks)
@@ -192,6 +208,7 @@ class KVLedger:
         self._outgoing[job.job_id] = kv.blocks
         del self._holding[job.job_id]
         self._ready_at.pop(job.job_id, None)
+        self._unrun.pop(job.job_id, None)
         kv.blocks = []
         kv.stored = n
         job.num_offloads += 1
@@ -214,6 +231,7 @@ class KVLedger:
         kv.stored = 0
         self.num_swap_ins += 1
         self._ready_at[job.job_id] = self.copies.queue(n)
+        self._unrun[job.job_id] = kv.num_computed
 
     def unstore(self, job: Job) -> None:
         if job.kv.stored:
@@ -272,6 +290,7 @@ class KVLedger:
             self.allocator.free(blocks)
         self._outgoing.clear()
         self._ready_at.clear()
+        self._unrun.clear()
         self.store_used -= self._uploading  # the worker freed their handles with its jobs
         self._uploading = 0
 
@@ -282,6 +301,7 @@ class KVLedger:
         assert set(self._offloaded) == {j.job_id for j in jobs if j.kv.stored}
         assert all(not j.kv.blocks for j in self._offloaded.values()), "offloaded job holds blocks"
         assert set(self._ready_at) <= set(self._holding), "an upload for a job holding nothing"
+        assert set(self._unrun) <= set(self._holding), "an unrun upload of a job holding nothing"
         held_in_store = sum(j.kv.stored for j in jobs) + self._uploading
         assert self.store_used == held_in_store, (
             f"store: {self.store_used} used != {held_in_store} held or uploading"

@@ -182,9 +182,11 @@ class Proactive(KVPolicy):
         # and the jobs of plans still in flight.
         busy = (step.chosen | set(plan.swap_out) | {s.job_id for s in plan.swap_in}
                 | step.busy)
-        # Paused device jobs, largest ENST first: the ones to offload.
+        # Paused device jobs, largest ENST first: the ones to offload (not one uploaded that
+        # has not run since: its round trip would gain nothing).
         paused = sorted((j for j in ledger.holding.values()
-                         if j.job_id not in busy and ledger.swappable(j)),
+                         if j.job_id not in busy and ledger.swappable(j)
+                         and ledger.ran_since_upload(j)),
                         key=lambda j: enst.get(j.job_id, 0.0), reverse=True)
         bs = ledger.block_size
         # Blocks of this Step's offloads: free from the next Step on (see KVLedger.swap_out).
