@@ -135,27 +135,27 @@ def test_no_plan_moves_a_job_twice(policy, kv, depth, monkeypatch):
 @pytest.mark.parametrize("depth", [1, 2])
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_an_upload_runs_before_the_planner_offloads_it_again(policy, depth, monkeypatch):
-    """Neither the proactive planner nor a displacement offloads a job uploaded before it has
-    computed: the round trip gains nothing, and with estimates that flip it repeated for ever
-    (one job moved out and in on every Step of a two-stage group, never computing). Only the
-    last resort, which keeps the oldest job moving when nothing fits, may."""
-    from scheduler_svc.core.batcher import Batcher
+    """The proactive planner never offloads a job uploaded before it has computed: the round
+    trip gains nothing, and with estimates that flip it repeated for ever (one job moved out
+    and in on every Step of a two-stage group, never computing). A displacement may (a
+    higher-priority job needs the room, and it then runs), and so may the last resort."""
+    from scheduler_svc.core.kv.policies import Proactive
 
-    real, real_room = GroupCore.schedule, Batcher._make_room
+    real, real_plan = GroupCore.schedule, Proactive.after_batch
     unrun: set[int] = set()
-    last_resort: set[int] = set()
+    planned: set[int] = set()
     seen = []
 
-    def room(self, order, budget, step):
+    def planner(self, step):
         before = set(step.plan.swap_out)
-        real_room(self, order, budget, step)
-        last_resort.update(set(step.plan.swap_out) - before)
+        real_plan(self, step)
+        planned.update(set(step.plan.swap_out) - before)
 
     def checked(self, now):
-        last_resort.clear()
+        planned.clear()
         plan = real(self, now)
         if plan is not None:
-            again = unrun.intersection(plan.swap_out) - last_resort
+            again = unrun.intersection(planned)
             assert not again, f"offloaded again before running: {sorted(again)}"
             unrun.difference_update(c.job_id for c in plan.commands)
             unrun.difference_update(plan.free_job_ids)
@@ -164,7 +164,7 @@ def test_an_upload_runs_before_the_planner_offloads_it_again(policy, depth, monk
         return plan
 
     monkeypatch.setattr(GroupCore, "schedule", checked)
-    monkeypatch.setattr(Batcher, "_make_room", room)
+    monkeypatch.setattr(Proactive, "after_batch", planner)
     for seed in (1, 2, 3):
         unrun.clear()
         sim(overload(200, rate=14.0, seed=seed), policy, "proactive", fast=True,

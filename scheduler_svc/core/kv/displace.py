@@ -39,9 +39,7 @@ class Displacement:
         if self._victims is None:
             self._enst = step.enst()
             busy = step.busy
-            # Not a job uploaded that has not run since: it was brought back to run now.
-            self._victims = sorted((v for v in ledger.holding.values()
-                                    if v.job_id not in busy and ledger.ran_since_upload(v)),
+            self._victims = sorted((v for v in ledger.holding.values() if v.job_id not in busy),
                                    key=lambda j: self._enst.get(j.job_id, 0.0), reverse=True)
         swaps = self.kv_policy.swapping()
         drops = self.kv_policy.drops
