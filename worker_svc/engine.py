@@ -223,8 +223,6 @@ class Engine:
             except JobRejected as e:
                 log.info("swap_in of job %d refused: %s", s.job_id, e)
                 out.errors.append(JobError(s.job_id, e.code, str(e)))
-        if cmd.swap_out or cmd.swap_in:
-            log.debug("swaps: out %s, in %s", list(cmd.swap_out), [s.job_id for s in cmd.swap_in])
         for new in cmd.new_jobs:
             try:
                 self._admit(new)

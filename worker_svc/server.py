@@ -172,11 +172,22 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             self._attached.release()
 
     def _step(self, request: pb.StepRequest, owned: set[int]) -> pb.StepResponse:
-        pool = self.engine.pool
         out, used = self.compute.run(self._execute, request, owned)
+        return self._answer(request, out, used)
+
+    def _answer(self, request: pb.StepRequest, out: StepOutcome,
+                used: int) -> pb.StepResponse:
+        """A Step's outcome, counted in the metrics, as its response."""
         if self.on_step is not None:
             self.on_step(out, sum(c.num_tokens for c in request.commands))
-        return wire.step_outcome_to_proto(out, request.step_id, used, pool.num_blocks - used)
+        return wire.step_outcome_to_proto(out, request.step_id, used,
+                                          self.engine.pool.num_blocks - used)
+
+    def _own(self, request: pb.StepRequest, owned: set[int]) -> None:
+        """Compute thread: the jobs this scheduler's stream holds after ``request``,
+        recomputed from the engine so it stays right even after a Step that failed midway."""
+        owned.update(j.job_id for j in request.new_jobs)
+        owned.intersection_update(self.engine.jobs)
 
     def _execute(self, request: pb.StepRequest, owned: set[int]) -> tuple[StepOutcome, int]:
         """Compute thread: one Step; returns its outcome and the blocks in use after it."""
@@ -196,9 +207,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             log.debug("step %d: swap out %s, in %s; errors %s", request.step_id,
                       [s.job_id for s in request.swap_out], [s.job_id for s in request.swap_in],
                       [(e.job_id, e.code.name, e.message) for e in out.errors])
-        # Recomputed from the engine, so it stays right even after a Step that failed midway.
-        owned.update(j.job_id for j in request.new_jobs)
-        owned.intersection_update(self.engine.jobs)
+        self._own(request, owned)
         return out, self.engine.pool.num_used_blocks
 
     def _pipelined(self, requests: Iterator[pb.StepRequest],
@@ -225,10 +234,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             except GroupLost as e:
                 group_lost(e)
             out.errors[:0] = errors
-            if self.on_step is not None:
-                self.on_step(out, sum(c.num_tokens for c in request.commands))
-            yield wire.step_outcome_to_proto(out, request.step_id, used,
-                                             self.engine.pool.num_blocks - used)
+            yield self._answer(request, out, used)
 
     def _submit(self, request: pb.StepRequest, owned: set[int]
                 ) -> tuple[Future, list[JobError], int]:
@@ -244,8 +250,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             log.exception("step %d failed", request.step_id)
             future = Future()
             future.set_result(_fail_all(request, f"step failed: {type(e).__name__}: {e}"))
-        owned.update(j.job_id for j in request.new_jobs)
-        owned.intersection_update(self.engine.jobs)
+        self._own(request, owned)
         return future, errors, self.engine.pool.num_used_blocks
 
     def _detach(self, peer: str, owned: set[int]) -> None:

@@ -133,13 +133,13 @@ class PipelineLeader:
             out = step.outcome
             if step.prepared is not None:
                 b = step.prepared
-                sampled = {j: (t, lp) for j, (t, lp) in res.tokens.items()}
                 failed = {i: res.failed[j.job_id] for i, j in enumerate(b.sample_jobs)
                           if j.job_id in res.failed}
+                tokens = {j: t for j, (t, _) in res.tokens.items()}
                 with self._lock:
-                    self.engine.settle({j: t for j, (t, _) in res.tokens.items()})
-                    self._settled.append({j: t for j, (t, _) in res.tokens.items()})
-                    out.results = self.engine.results(b, sampled, failed, res.predicted,
+                    self.engine.settle(tokens)
+                    self._settled.append(tokens)
+                    out.results = self.engine.results(b, res.tokens, failed, res.predicted,
                                                       out.errors)
                 out.compute_time_s = time.perf_counter() - step.started
             step.future.set_result(out)
