@@ -59,7 +59,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command(argv: list[str]) -> str | None:
+    """The command named in ``argv`` (its first word that is not an option's)."""
+    words = iter(argv)
+    for word in words:
+        if word == "--log-level":
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if _command(argv) == "sim":
+        # Before anything imports the core: the simulator runs it compiled where it can.
+        from scheduler_svc import compiled
+
+        compiled.activate()
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), stream=sys.stderr,

@@ -47,7 +47,7 @@ def pull_default_model(progress: bool = True) -> pathlib.Path:
     dest = cache_dir() / "models" / DEFAULT_MODEL
     if (dest / _MARKER).is_file():
         return dest
-    with _locked(dest.name):
+    with locked(dest.name):
         if not (dest / _MARKER).is_file():  # another process may have finished while we waited
             gguf_path, digest = _fetch_default_gguf(progress)
             _say("converting GGUF to safetensors...", progress)
@@ -91,7 +91,8 @@ def _say(msg: str, progress: bool) -> None:
 
 
 @contextlib.contextmanager
-def _locked(name: str) -> Iterator[None]:
+def locked(name: str) -> Iterator[None]:
+    """Hold the cache's lock ``name`` (across processes) while building something in it."""
     lock_dir = cache_dir() / "locks"
     lock_dir.mkdir(parents=True, exist_ok=True)
     with open(lock_dir / f"{name}.lock", "w") as fh:
@@ -165,7 +166,7 @@ def _convert_gguf_file(path: pathlib.Path, progress: bool) -> pathlib.Path:
     dest = cache_dir() / "converted" / f"{path.stem}-{key}"
     if (dest / _MARKER).is_file():
         return dest
-    with _locked(dest.name):
+    with locked(dest.name):
         if not (dest / _MARKER).is_file():
             _say(f"converting {path.name} to safetensors...", progress)
             _convert(path, dest, _sha256(path))

@@ -8,6 +8,7 @@ Runs: six policies on the Azure conversation trace (1,500 requests; defer at 1.5
 proactive with a 40,000-block store at 2.5 req/s, overload), and fcfs and skip-join-mlfq with
 each KV policy and a 20,000-block store on ShareGPT lengths with Gamma arrivals (CV 4, 2 req/s;
 SG_N requests, default 1,500). OPT-13B/A100 cost model, 4,096 blocks, batch 16.
+FASTSERVE_COMPILED=1 runs them on the core compiled with mypyc (scheduler_svc/compiled.py).
 """
 
 from __future__ import annotations
@@ -19,10 +20,15 @@ import os
 import pathlib
 import sys
 
-from fastserve.traces import load_trace
-from scheduler_svc.core.config import SchedulerConfig
-from scheduler_svc.core.cost_model import PUBLISHED
-from scheduler_svc.sim import simulate
+from scheduler_svc import compiled
+
+if os.environ.get("FASTSERVE_COMPILED") == "1":  # the core compiled with mypyc: same records
+    compiled.activate()
+
+from fastserve.traces import load_trace  # noqa: E402 - after the compiled core's finder
+from scheduler_svc.core.config import SchedulerConfig  # noqa: E402
+from scheduler_svc.core.cost_model import PUBLISHED  # noqa: E402
+from scheduler_svc.sim import simulate  # noqa: E402
 
 TRACES = pathlib.Path("../shared/traces")
 POLICIES = ("fcfs", "rtc", "skip-join-mlfq", "mlfq", "fixed-priority", "srpt-oracle")

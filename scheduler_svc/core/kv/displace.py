@@ -64,7 +64,7 @@ class Displacement:
             if total >= short:
                 break
         if total < short:
-            self._hopeless = short
+            self._hopeless = float(short)
             return
         offloaded = 0
         plan = step.plan
@@ -77,4 +77,4 @@ class Displacement:
         if plan.swap_out:
             # Offloaded blocks are reusable from the next Step on (KVLedger.swap_out): the job
             # asking starts then, and nobody else evicts for blocks already on their way.
-            self._hopeless = 0
+            self._hopeless = 0.0

@@ -19,6 +19,9 @@ POLICIES: dict[str, type[Policy]] = {}
 
 
 def register(cls: type[Policy]) -> type[Policy]:
+    """Make ``cls`` selectable by its name. Called after the class, not as its decorator: mypyc
+    (``scheduler_svc/compiled.py``) compiles a decorated class as a plain Python class, which
+    may not inherit from the compiled ``Policy``."""
     POLICIES[cls.name] = cls
     return cls
 

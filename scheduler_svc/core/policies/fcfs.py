@@ -12,7 +12,6 @@ from scheduler_svc.core.job import Job
 from scheduler_svc.core.policies.base import Policy, register
 
 
-@register
 class FCFS(Policy):
     """Iteration-level continuous batching in arrival order (Orca / vLLM)."""
 
@@ -44,7 +43,6 @@ class FCFS(Policy):
         return [("fcfs", len(self._jobs))]
 
 
-@register
 class RunToCompletion(Policy):
     """Static batches (FasterTransformer): a batch is fixed until all its jobs end."""
 
@@ -75,3 +73,6 @@ class RunToCompletion(Policy):
 
     def queues(self) -> list[tuple[str, int]]:
         return [("batch", len(self._batch)), ("waiting", len(self._waiting))]
+
+register(FCFS)
+register(RunToCompletion)

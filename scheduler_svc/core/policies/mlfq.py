@@ -29,7 +29,6 @@ from scheduler_svc.core.policies.base import Policy, register
 from scheduler_svc.core.policies.starvation import StarvationClock
 
 
-@register
 class SkipJoinMLFQ(Policy):
     name = "skip-join-mlfq"
     needs_cost_model = True
@@ -168,9 +167,11 @@ class SkipJoinMLFQ(Policy):
         return [(f"Q{i + 1}", len(q)) for i, q in enumerate(self._queues)]
 
 
-@register
 class NaiveMLFQ(SkipJoinMLFQ):
     """Every arrival joins Q1, whatever its prompt (the baseline skip-join improves on)."""
 
     name = "mlfq"
     skip_join = False
+
+register(SkipJoinMLFQ)
+register(NaiveMLFQ)

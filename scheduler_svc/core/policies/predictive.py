@@ -32,7 +32,6 @@ from scheduler_svc.core.policies.starvation import StarvationClock
 STARVE_TOKENS = 16
 
 
-@register
 class Predictive(Policy):
     name = "predictive"
 
@@ -87,3 +86,5 @@ class Predictive(Policy):
     def queues(self) -> list[tuple[str, int]]:
         return [("starving", len(self._boosted)),
                 ("ranked", len(self._jobs) - len(self._boosted))]
+
+register(Predictive)

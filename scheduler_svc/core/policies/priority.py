@@ -33,7 +33,6 @@ class _SortedPolicy(Policy):
         return [(self.name, len(self._jobs))]
 
 
-@register
 class ShortestPromptFirst(_SortedPolicy):
     """Fixed priority by input length: the shortest prompt runs first."""
 
@@ -47,7 +46,6 @@ class ShortestPromptFirst(_SortedPolicy):
         return len(starts)  # a static key
 
 
-@register
 class SRPTOracle(_SortedPolicy):
     """Shortest remaining output first, told the true output length: the client's
     ``output_length_hint`` (a benchmark that measured each answer in an earlier run) or else
@@ -65,3 +63,6 @@ class SRPTOracle(_SortedPolicy):
         # A decode only lowers its job's key: the batch stays ahead of every other job (its
         # own order may change, which moves no job in or out).
         return len(starts)
+
+register(ShortestPromptFirst)
+register(SRPTOracle)
