@@ -71,9 +71,10 @@ def _command(argv: list[str]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if _command(argv) == "sim":
-        # Before anything imports the core: the simulator runs it compiled where it can.
+    """The `fastserve` command (``argv`` None: this process's arguments). As a command,
+    ``fastserve sim`` runs the scheduler core compiled (scheduler_svc/compiled.py), set up
+    before anything imports it; a caller that passes ``argv`` keeps the modules it has."""
+    if argv is None and _command(sys.argv[1:]) == "sim":
         from scheduler_svc import compiled
 
         compiled.activate()

@@ -211,6 +211,13 @@ def load_predictions(path: str) -> list[float]:
     return out
 
 
+def _core() -> str:
+    """How this process runs the scheduler core (``scheduler_svc/compiled.py``)."""
+    from scheduler_svc import compiled
+
+    return "compiled (mypyc)" if compiled.active() else "interpreted"
+
+
 def run(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
@@ -292,7 +299,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"trace {args.trace}  cost model {cost_model.name}  blocks {args.num_blocks} x "
           f"{args.block_size}  store blocks {args.store_blocks}  replicas {args.replicas}  "
           f"max batch "
-          f"{next(iter(configs.values())).max_batch_size}")
+          f"{next(iter(configs.values())).max_batch_size}  core {_core()}")
     print(_header())
     for row in rows:
         print(_format_row(row))

@@ -46,6 +46,7 @@ MODULES = (
     "scheduler_svc.sim.pipeline", "scheduler_svc.sim.simulator",
 )
 # mypyc compiles what type-checks; the project's strict settings are for `make lint`.
+KEEP_BUILDS = 4  # source versions whose builds stay in the cache
 MYPY_INI = "[mypy]\nignore_missing_imports = True\nfollow_imports = silent\n"
 
 
@@ -109,7 +110,16 @@ def build(key: str) -> pathlib.Path:
             os.replace(out, target)
             print(f"compiled in {time.monotonic() - started:.0f} s", file=sys.stderr,
                   flush=True)
+            _prune(target.parent)
     return target
+
+
+def _prune(parent: pathlib.Path, keep: int = KEEP_BUILDS) -> None:
+    """Remove all but the ``keep`` builds used last (each source version makes one)."""
+    builds = sorted((d for d in parent.iterdir() if d.is_dir() and not d.name.startswith(".")),
+                    key=lambda d: d.stat().st_mtime, reverse=True)
+    for old in builds[keep:]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
@@ -162,6 +172,7 @@ def activate() -> bool:
     except (RuntimeError, OSError) as e:
         _warn(str(e))
         return False
+    os.utime(where)  # used now: _prune keeps the builds used last
     table = _table(where)
     missing = [m for m in MODULES if m not in table]
     if missing:

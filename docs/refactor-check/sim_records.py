@@ -25,10 +25,10 @@ from scheduler_svc import compiled
 if os.environ.get("FASTSERVE_COMPILED") == "1":  # the core compiled with mypyc: same records
     compiled.activate()
 
-from fastserve.traces import load_trace  # noqa: E402 - after the compiled core's finder
-from scheduler_svc.core.config import SchedulerConfig  # noqa: E402
-from scheduler_svc.core.cost_model import PUBLISHED  # noqa: E402
-from scheduler_svc.sim import simulate  # noqa: E402
+from fastserve.traces import load_trace  # after the compiled core's finder
+from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.cost_model import PUBLISHED
+from scheduler_svc.sim import simulate
 
 TRACES = pathlib.Path("../shared/traces")
 POLICIES = ("fcfs", "rtc", "skip-join-mlfq", "mlfq", "fixed-priority", "srpt-oracle")

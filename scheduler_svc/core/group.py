@@ -282,9 +282,9 @@ class GroupCore:
             status = self.finish_status(job)
             if status is not None:
                 self.finish(job, status, now)
-            updates.append(JobUpdate(job, [r.token_id], [r.logprob or 0.0], job.status.finished))
-        ran = [job for c in plan.commands
-               if (job := jobs.get(c.job_id)) is not None and not job.status.finished]
+            updates.append(JobUpdate(job, [r.token_id], [r.logprob or 0.0], status is not None))
+        # A finished job has left the table (finish() removes it).
+        ran = [job for c in plan.commands if (job := jobs.get(c.job_id)) is not None]
         self.policy.on_iteration(ran, result.compute_time_s, now)
         return updates
 
