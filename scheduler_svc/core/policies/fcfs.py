@@ -74,5 +74,6 @@ class RunToCompletion(Policy):
     def queues(self) -> list[tuple[str, int]]:
         return [("batch", len(self._batch)), ("waiting", len(self._waiting))]
 
+
 register(FCFS)
 register(RunToCompletion)

@@ -173,5 +173,6 @@ class NaiveMLFQ(SkipJoinMLFQ):
     name = "mlfq"
     skip_join = False
 
+
 register(SkipJoinMLFQ)
 register(NaiveMLFQ)

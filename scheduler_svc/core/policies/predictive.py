@@ -87,4 +87,5 @@ class Predictive(Policy):
         return [("starving", len(self._boosted)),
                 ("ranked", len(self._jobs) - len(self._boosted))]
 
+
 register(Predictive)

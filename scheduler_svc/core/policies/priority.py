@@ -64,5 +64,6 @@ class SRPTOracle(_SortedPolicy):
         # own order may change, which moves no job in or out).
         return len(starts)
 
+
 register(ShortestPromptFirst)
 register(SRPTOracle)
