@@ -23,7 +23,13 @@ class StepContext:
     chosen: set[int] = field(default_factory=set)  # jobs in this plan's batch
     rank: dict[int, int] = field(default_factory=dict)  # position in this Step's priority walk
     started: list[Job] = field(default_factory=list)  # jobs scheduled for the first time
+    _enst: dict[int, float] | None = None
 
     def enst(self) -> dict[int, float]:
-        """Estimated Next Scheduled Time of every live job, seconds from now (the policy's)."""
-        return self.policy.enst(self.now, self.batch_estimate, self.iteration_s)
+        """Estimated Next Scheduled Time of every live job, seconds from now (the policy's).
+        Computed once per Step (read-only): nothing a Step's walk does changes it, and both
+        the displacement of paused jobs and the proactive planner read it (each read every
+        live job, a third of an overloaded MLFQ simulation)."""
+        if self._enst is None:
+            self._enst = self.policy.enst(self.now, self.batch_estimate, self.iteration_s)
+        return self._enst
