@@ -26,10 +26,11 @@ class StepContext:
     _enst: dict[int, float] | None = None
 
     def enst(self) -> dict[int, float]:
-        """Estimated Next Scheduled Time of every live job, seconds from now (the policy's).
-        Computed once per Step (read-only): nothing a Step's walk does changes it, and both
-        the displacement of paused jobs and the proactive planner read it (each read every
-        live job, a third of an overloaded MLFQ simulation)."""
+        """Estimated Next Scheduled Time of every job that has run (the only ones that can
+        hold KV, all the KV policies read), seconds from now (the policy's). Computed once
+        per Step (read-only): nothing a Step's walk does changes it, and both the
+        displacement of paused jobs and the proactive planner read it."""
         if self._enst is None:
-            self._enst = self.policy.enst(self.now, self.batch_estimate, self.iteration_s)
+            self._enst = self.policy.enst(self.now, self.batch_estimate, self.iteration_s,
+                                          started_only=True)
         return self._enst

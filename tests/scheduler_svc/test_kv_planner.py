@@ -166,6 +166,26 @@ def test_mlfq_enst_follows_the_formula():
     assert enst[2] == pytest.approx((0.006 + 0.02 + 0.04 + 0.02 + 0.04) / 2)
 
 
+@pytest.mark.parametrize("policy", ["skip-join-mlfq", "mlfq", "fcfs", "fixed-priority",
+                                    "predictive"])
+def test_enst_of_started_jobs_is_the_same_figure_as_of_all(policy):
+    """The KV policies read ENST of jobs that have run only; the shortcut over the jobs that
+    have not (no service yet) must give their figures bit for bit."""
+    core = make(policy=policy, num_blocks=64, store_blocks=0, max_batch_size=3,
+                max_batched_tokens=16, mlfq_q1_quantum_s=0.01, starve_limit_s=0.05)
+    worker = WorkerModel(64)
+    t = 0.0
+    for i in range(14):
+        core.add(make_job(i, prompt_len=1 + (i * 7) % 30, max_tokens=40), t)
+        step(core, worker, t)
+        t += 0.013
+    pol, started = core.policy, {jid for jid, j in core.jobs.items() if j.started}
+    assert 0 < len(started) < len(core.jobs)  # some have run, some wait
+    full = pol.enst(t, 3, 0.013)
+    assert set(full) == set(core.jobs)
+    assert pol.enst(t, 3, 0.013, started_only=True) == {j: full[j] for j in started}
+
+
 jobs_strategy = st.lists(st.tuples(st.integers(1, 40), st.integers(1, 40),
                                    st.floats(0.0, 0.3)), min_size=1, max_size=14)
 

@@ -34,12 +34,18 @@ class CopyEngine:
         self._block_size = block_size
         self.now = 0.0
         self._busy_until = 0.0
+        self._seconds: dict[int, float] = {}  # the cost model's, by size (the planner asks
+        # for every paused and offloaded job's, each Step)
 
     def seconds(self, num_blocks: int) -> float:
         """Predicted one-way copy time of ``num_blocks`` blocks (0 without a pricing model)."""
         if self._cost_model is None:
             return 0.0
-        return self._cost_model.swap_time(num_blocks, self._block_size)
+        t = self._seconds.get(num_blocks)
+        if t is None:
+            t = self._seconds[num_blocks] = self._cost_model.swap_time(num_blocks,
+                                                                       self._block_size)
+        return t
 
     def queue(self, num_blocks: int) -> float:
         """Queue a copy of ``num_blocks``; returns when it is predicted to be done."""

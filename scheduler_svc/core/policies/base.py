@@ -83,14 +83,17 @@ class Policy(ABC):
         default, when the policy cannot tell."""
         return 0
 
-    def enst(self, now: float, batch_size: int, iteration_s: float) -> dict[int, float]:
-        """Estimated Next Scheduled Time of every live job, in seconds from ``now``.
+    def enst(self, now: float, batch_size: int, iteration_s: float,
+             started_only: bool = False) -> dict[int, float]:
+        """Estimated Next Scheduled Time of every live job (``started_only``: of every job
+        that has run, the only ones that can hold KV), in seconds from ``now``.
 
         The KV planner offloads the largest and uploads the smallest. This default reads it
         off the ranking: the jobs ahead of a job fill ``batch_size`` slots per iteration.
         """
         return {job.job_id: (i // batch_size) * iteration_s
-                for i, job in enumerate(self.order(now))}
+                for i, job in enumerate(self.order(now))
+                if not started_only or job.first_scheduled_time is not None}
 
     @abstractmethod
     def queues(self) -> list[tuple[str, int]]:

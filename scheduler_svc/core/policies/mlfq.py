@@ -137,14 +137,17 @@ class SkipJoinMLFQ(Policy):
             k = m
         return k
 
-    def enst(self, now: float, batch_size: int, iteration_s: float) -> dict[int, float]:
+    def enst(self, now: float, batch_size: int, iteration_s: float,
+             started_only: bool = False) -> dict[int, float]:
         """``ENST(i) = min(T_promote(i), T_execute(i))`` (FastServe section 3).
 
         T_promote: time left until starvation promotion lifts job i to Q1 (none for a Q1 job).
         T_execute: ``(1/B) * sum over the jobs j ahead of i`` of the service j receives before
         it is demoted below i's queue: what is left of j's quantum in its own queue plus the
         full quanta of the queues from just below j's down to i's. One pass in priority order
-        with running sums, so it costs O(live jobs).
+        with running sums, so it costs O(live jobs). A job that has not run has had no
+        service: under overload the queue is mostly such jobs, and with ``started_only`` each
+        costs three additions (the same ones, in the same order: the figures do not move).
         """
         self._promote_starving(now)
         # below[l] = sum of the quanta of queues 0..l-1.
@@ -154,7 +157,13 @@ class SkipJoinMLFQ(Policy):
         out: dict[int, float] = {}
         ahead = rem_sum = below_sum = 0.0
         for lvl, queue in enumerate(self._queues):
-            for jid in queue:
+            quantum, below_next = self.quanta[lvl], below[lvl + 1]
+            for jid, job in queue.items():
+                if started_only and job.first_scheduled_time is None:
+                    ahead += 1  # as below, with no service yet: its whole quantum is left
+                    rem_sum += max(quantum - 0.0, 0.0)
+                    below_sum += below_next
+                    continue
                 t_exec = (rem_sum + ahead * below[lvl + 1] - below_sum) / batch_size
                 t_promote = self.starvation.time_left(jid, now) if lvl else float("inf")
                 out[jid] = min(t_exec, t_promote)
