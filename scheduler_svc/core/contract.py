@@ -24,8 +24,8 @@ class NewJobSpec:
 
 
 # The types made for every job of every iteration (Command, TokenResult, JobUpdate) write
-# their __init__ out: mypyc compiles it (scheduler_svc/compiled.py), where the one dataclass
-# generates runs interpreted, and took 15% of a long simulation.
+# their __init__ out: mypyc compiles it (scheduler_svc/compiled.py), while the __init__ a
+# dataclass generates runs interpreted even there (15% of a long compiled simulation).
 
 
 @dataclass(init=False)
