@@ -1,7 +1,8 @@
 """The scheduler core and the simulator compiled with mypyc, for long simulations.
 
 A simulated iteration is Python work per job (the batch's walk, its commands, their results):
-interpreted, a million Azure conversations take about 4.5 minutes, compiled about 8x less.
+interpreted, a million Azure conversations at twice FCFS's capacity took 231 s here, compiled
+77 s (docs/benchmarks.md).
 mypyc (part of mypy) compiles the type-annotated modules of ``MODULES`` as they are, into C
 extensions; nothing is written twice, and the figures are the same to the digit
 (``tests/scheduler_svc/test_compiled.py``).
@@ -83,8 +84,9 @@ def build(key: str) -> pathlib.Path:
     with locked(f"compiled-core-{key}"):
         if target.is_dir():
             return target
-        if shutil.which(os.environ.get("CC", "cc")) is None:
-            raise RuntimeError(f"no C compiler ({os.environ.get('CC', 'cc')!r} not found)")
+        cc = os.environ.get("CC", "cc")
+        if shutil.which(cc) is None:
+            raise RuntimeError(f"no C compiler ({cc!r} not found)")
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="fastserve-mypyc-") as tmp:
             work = pathlib.Path(tmp)
@@ -100,7 +102,7 @@ def build(key: str) -> pathlib.Path:
             out = pathlib.Path(tempfile.mkdtemp(prefix=f".{key}.", dir=target.parent))
             started = time.monotonic()
             print(f"compiling the scheduler core with mypyc, once for this source version "
-                  f"(about a minute): {target}", file=sys.stderr, flush=True)
+                  f"(20 s here): {target}", file=sys.stderr, flush=True)
             done = subprocess.run([sys.executable, "setup.py", "build_ext", "--build-lib",
                                    str(out)], cwd=work, capture_output=True, text=True)
             if done.returncode != 0:
@@ -183,5 +185,5 @@ def activate() -> bool:
 
 
 def _warn(why: str) -> None:
-    print(f"warning: the simulator runs interpreted (4-8x slower): {why}", file=sys.stderr,
+    print(f"warning: the simulator runs interpreted (2-3.5x slower): {why}", file=sys.stderr,
           flush=True)

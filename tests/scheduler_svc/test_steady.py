@@ -131,7 +131,6 @@ def test_no_plan_moves_a_job_twice(policy, kv, depth, monkeypatch):
         assert sum(moves) > 0, "no swaps: the workload put no pressure on the pool"
 
 
-
 @pytest.mark.parametrize("depth", [1, 2])
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_an_upload_runs_before_the_planner_offloads_it_again(policy, depth, monkeypatch):

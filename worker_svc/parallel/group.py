@@ -47,6 +47,7 @@ __all__ = ["COMMAND_WAIT_HEARTBEATS", "EXIT_GROUP_LOST", "HEARTBEAT_S", "GroupLa
 
 log = logging.getLogger(__name__)
 
+
 def _gloo_interface(host: str, port: int) -> str | None:
     """The network interface this host reaches the rendezvous through, for gloo: by default
     gloo binds to whatever the hostname resolves to (often 127.0.0.1), which other hosts
