@@ -7,8 +7,10 @@ restart with the same settings reuses them.
 
 | curve   | points                                  | each point                            |
 |---------|-----------------------------------------|---------------------------------------|
-| decode  | batch 1, 2, 4, ..., 32 (free blocks)    | one token per job at context ~128     |
+| decode  | batch 1, 2, 4, ..., 32 (free blocks)    | one token per job at context ~128 (*) |
 | prefill | 16, 32, ..., 1024 tokens (max context)  | one job's whole prompt in one Step    |
+
+(*) or what the pool holds, if less.
 
 Each curve is warmed up once; each point is the median of ``REPEATS`` iterations.
 """
@@ -176,11 +178,14 @@ def _measure_decode(engine: Engine) -> list[DecodePoint]:
     # The jobs are prefilled once and shared by all batch sizes, so each grows by one token
     # per iteration it takes part in; room is reserved for all of them.
     num_iterations = 1 + REPEATS * len(DECODE_BATCH_SIZES)
-    context = min(DECODE_CONTEXT, engine.max_context - 1 - num_iterations)
+    num_free = pool.num_blocks - pool.num_used_blocks
+    # A pool too small for one job at DECODE_CONTEXT is profiled at the context it holds:
+    # the scheduler needs at least one decode point to start.
+    context = min(DECODE_CONTEXT, engine.max_context - 1 - num_iterations,
+                  num_free * pool.block_size - num_iterations)
     if context < 1:
         return []
     blocks_per_job = math.ceil((context + num_iterations) / pool.block_size)
-    num_free = pool.num_blocks - pool.num_used_blocks
     sizes = [b for b in DECODE_BATCH_SIZES if b * blocks_per_job <= num_free]
     if not sizes:
         return []

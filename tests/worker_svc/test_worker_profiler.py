@@ -32,10 +32,22 @@ def test_points_are_capped_by_blocks_and_context_and_leave_nothing_behind(tiny_l
     assert engine.jobs == {} and engine.pool.num_used_blocks == 0
 
 
-def test_decode_is_skipped_when_one_job_does_not_fit(tiny_llama_dir):
+def test_a_pool_too_small_for_one_job_at_the_usual_context_is_profiled_at_a_shorter_one(
+        tiny_llama_dir):
+    # 4 blocks of 16 = 64 tokens: 19 iterations from a context of 45, not 128; the scheduler
+    # cannot start without a decode point.
     engine = make_loaded(tiny_llama_dir, num_blocks=4).engine
     p = profiler.measure(engine, "k")
-    assert p.decode == [] and [x.num_tokens for x in p.prefill] == [16, 32, 64]
+    # The prompt of 45, a warm-up token, then 3 timed decodes: contexts 47, 48, 49.
+    assert [(d.batch_size, d.context_len) for d in p.decode] == [(1, 48)]
+    assert [x.num_tokens for x in p.prefill] == [16, 32, 64]
+    assert engine.jobs == {} and engine.pool.num_used_blocks == 0
+
+
+def test_decode_is_skipped_when_not_even_a_short_job_fits(tiny_llama_dir):
+    engine = make_loaded(tiny_llama_dir, num_blocks=1).engine
+    p = profiler.measure(engine, "k")
+    assert p.decode == [] and [x.num_tokens for x in p.prefill] == [16]
 
 
 def test_measuring_needs_an_idle_engine(tiny_llama_dir):
