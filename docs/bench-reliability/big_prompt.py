@@ -1,7 +1,7 @@
 """A 3.9 MB prompt sent while four streams decode: how fast it is refused, and whether the
 streams keep their pace (issue 13). Starts `fastserve serve` with the default model.
 
-    python docs/bench-reliability/big_prompt.py [--port 50231]
+    python docs/bench-reliability/big_prompt.py [--port 50231] [--sender process|thread]
 
 Prints the refusal time and, per stream, the median and largest gap between its chunks, the
 largest as a multiple of the median iteration.
@@ -19,10 +19,32 @@ import time
 from fastserve.client import Client
 
 
+def send_big(address: str) -> tuple[str, float]:
+    """Send the 3.9 MB prompt; what came back and how long it took (s)."""
+    prompt = "x" * 3_900_000
+    with Client(address) as c:
+        start = time.perf_counter()
+        try:
+            c.generate(prompt, max_tokens=5)
+            refused = "not refused"
+        except Exception as e:  # noqa: BLE001 - reported
+            refused = f"{type(e).__name__}: {str(e)[:90]}"
+        return refused, time.perf_counter() - start
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, default=50231)
+    p.add_argument("--sender", choices=("thread", "process"), default="thread",
+                   help="send the big prompt from a thread of the process that reads the streams "
+                        "(default) or from a process of its own, started before")
+    p.add_argument("--send-only", metavar="ADDRESS", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.send_only:
+        sys.stdin.readline()
+        refused, took = send_big(args.send_only)
+        print(f"{refused}\t{took}")
+        return 0
     serve = subprocess.Popen([sys.executable, "-m", "fastserve.cli", "serve", "--port",
                               str(args.port), "--metrics-port", "-1", "--no-kvstore",
                               "--policy", "fcfs"], stdout=subprocess.PIPE, text=True)
@@ -47,19 +69,25 @@ def main() -> int:
         threads = [threading.Thread(target=stream, args=(i,)) for i in range(4)]
         for t in threads:
             t.start()
+        sender = None
+        if args.sender == "process":
+            # Another user: its own process, so building and sending 3.9 MB does not hold
+            # the interpreter lock of the process that reads the four streams, and runs beside
+            # it on the other core. Started now and told when to send, so its interpreter's
+            # start-up is not measured.
+            sender = subprocess.Popen([sys.executable, __file__, "--send-only", address],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         time.sleep(3.0)  # the streams are decoding
-        with Client(address) as c:
-            start = time.perf_counter()
-            sent_at.append(start)
-            try:
-                c.generate("x" * 3_900_000, max_tokens=5)
-                refused = "not refused"
-            except Exception as e:  # noqa: BLE001 - reported
-                refused = f"{type(e).__name__}: {str(e)[:90]}"
-            took = time.perf_counter() - start
+        start = time.perf_counter()
+        if sender is None:
+            refused, took = send_big(address)
+        else:
+            out, _ = sender.communicate("go\n", timeout=60)
+            refused, took_s = out.rsplit("\t", 1)
+            took = float(took_s)
+        sent_at.append(start)
         for t in threads:
             t.join()
-        print(f"3.9 MB prompt: {refused} in {took * 1e3:.1f} ms")
         for i, out in sorted(gaps.items()):
             g = [d for _, d in out]
             near = [d for at, d in out if abs(at - sent_at[0]) < 2.0]
