@@ -180,6 +180,12 @@ class WorkerLoop:
             if POLICIES[self.config.policy].needs_cost_model:
                 # Measured once per model, device and pool, then cached by the worker.
                 profile = await stub.Profile(wpb.ProfileRequest(), timeout=max(timeout_s, 600))
+                if not profile.decode:
+                    raise ValueError(
+                        f"worker {self.address}: its pool ({d.num_blocks} blocks of "
+                        f"{d.block_size} tokens) cannot hold one job to time a decode, and "
+                        f"policy {self.config.policy} needs those times: give the worker more "
+                        "--num-blocks, or use a policy without a cost model (fcfs)")
                 cost_model = CostModel.from_profile(
                     [(p.batch_size, p.time_s) for p in profile.decode],
                     [(p.num_tokens, p.time_s) for p in profile.prefill],

@@ -107,7 +107,9 @@ def get_profile(engine: Engine, model_path: str, force: bool = False) -> Profile
     path = profile_path(key)
     if not force:
         cached = load(path)
-        if cached is not None:
+        # One with no decode point came from a pool too small for the old fixed context
+        # (the scheduler cannot start on it): measured again.
+        if cached is not None and cached.decode:
             return cached
     profile = measure(engine, key)
     try:

@@ -265,6 +265,22 @@ def test_a_worker_serving_another_model_is_refused(tiny_tok_model, default_model
         worker.stop()
 
 
+def test_a_worker_too_small_to_time_a_decode_is_refused_by_name(tiny_tok_model, tmp_path):
+    """A policy with a cost model needs the worker's decode times; a pool that cannot hold
+    one job to time them is named, with what to change."""
+    from procs import start_scheduler, start_worker
+
+    worker = start_worker(str(tiny_tok_model), tmp_path, 1, "worker", "--block-size", "8")
+    try:
+        with pytest.raises(RuntimeError, match="did not become ready") as err:
+            start_scheduler(str(tiny_tok_model), [worker.address], tmp_path,
+                            "--policy", "skip-join-mlfq", "--connect-timeout", "30")
+        assert "(1 blocks of 8 tokens) cannot hold one job to time a decode" in str(err.value)
+        assert "--num-blocks" in str(err.value)
+    finally:
+        worker.stop()
+
+
 def test_api_keys_authenticate_clients_and_own_their_requests(tiny_tok_model, tmp_path):
     from procs import start_scheduler, start_worker
 

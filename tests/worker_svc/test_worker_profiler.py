@@ -74,6 +74,15 @@ def test_profile_is_cached_per_settings(tiny_llama_dir, cache):
     assert profiler.cache_key(other.engine, other.model_path) != first.cache_key
 
 
+def test_a_cached_profile_without_decode_points_is_measured_again(tiny_llama_dir, cache):
+    loaded = make_loaded(tiny_llama_dir, num_blocks=4)
+    first = profiler.get_profile(loaded.engine, loaded.model_path)
+    path = cache / "profiles" / f"{first.cache_key}.json"
+    profiler.save(profiler.Profile(first.cache_key, [], first.prefill, 1.0), path)
+    again = profiler.get_profile(loaded.engine, loaded.model_path)
+    assert not again.cached and again.decode
+
+
 def test_unreadable_cache_file_is_ignored(cache):
     path = cache / "broken.json"
     path.write_text("{not json")
