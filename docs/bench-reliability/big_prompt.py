@@ -88,6 +88,7 @@ def main() -> int:
         sent_at.append(start)
         for t in threads:
             t.join()
+        print(f"3.9 MB prompt: {refused} in {took * 1e3:.1f} ms")
         for i, out in sorted(gaps.items()):
             g = [d for _, d in out]
             near = [d for at, d in out if abs(at - sent_at[0]) < 2.0]
