@@ -4,13 +4,13 @@ blocks that cover every command's tokens."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 
 import pytest
 from core_driver import BS, LINEAR, count_walked, make_job
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fastserve.traces import TraceRequest
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.contract import StepResult, TokenResult
 from scheduler_svc.core.cost_model import CostModel
@@ -75,13 +75,6 @@ def test_a_long_queue_behind_closed_admission_is_not_walked():
     assert consumed[0] <= 3 + 2, f"the walk visited {consumed[0]} jobs of 2,003"
 
 
-@dataclass(frozen=True)
-class Req:
-    arrival_s: float
-    input_tokens: int
-    output_tokens: int
-
-
 @pytest.mark.parametrize(("seed", "swap_bytes_per_s", "gap_s"),
                          [(0, 1e6, 0.0), (2, 1e6, 0.01), (5, 1e6, 0.0), (15, 1e6, 0.01),
                           (25, 1e8, 0.01)])
@@ -94,7 +87,7 @@ def test_an_upload_does_not_take_the_blocks_promised_to_a_new_job(seed, swap_byt
     case in simulation: 20 blocks of 8 tokens, 8 prompts of 30-93 tokens, batch 3, a 16-token
     budget; each of these stalled."""
     rng = random.Random(seed)
-    reqs = [Req(i * gap_s * rng.random(), 30 + 9 * i, 40) for i in range(8)]
+    reqs = [TraceRequest(i * gap_s * rng.random(), 30 + 9 * i, 40) for i in range(8)]
     rng.shuffle(reqs)
     reqs.sort(key=lambda r: r.arrival_s)
     cost = CostModel(decode=((1, 0.0143), (64, 0.05)), prefill=((16, 0.011), (128, 0.016)),

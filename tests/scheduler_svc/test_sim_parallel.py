@@ -5,12 +5,12 @@ timing, and the simulator keeping up to P plans in flight."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 import pytest
 from test_simulator import make_requests
 
 from fastserve.cli import main as cli_main
+from fastserve.traces import TraceRequest as Req
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.contract import StepPlan
 from scheduler_svc.core.cost_model import (
@@ -34,11 +34,6 @@ SHAPED = CostModel(decode=((1, 0.010), (64, 0.050)), prefill=((1, 0.010), (501, 
                    num_layers=4, hidden_size=4, interconnect=LINKS)
 
 
-@dataclass(frozen=True)
-class Req:
-    arrival_s: float
-    input_tokens: int
-    output_tokens: int
 
 
 # ---- the cost model -------------------------------------------------------------------------

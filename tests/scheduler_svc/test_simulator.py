@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import pathlib
 import random
-from dataclasses import dataclass
 
 import pytest
 
 from fastserve.cli import main as cli_main
+from fastserve.traces import TraceRequest as Req
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.cost_model import CostModel
 from scheduler_svc.core.policies import POLICIES
@@ -28,11 +28,6 @@ COST = CostModel(decode=((1, 0.010), (64, 0.050)), prefill=((1, 0.010), (501, 0.
                  name="test")
 
 
-@dataclass(frozen=True)
-class Req:
-    arrival_s: float
-    input_tokens: int
-    output_tokens: int
 
 
 def make_requests(n: int, rate: float = 5.0, seed: int = 0, max_len: int = 200) -> list[Req]:
