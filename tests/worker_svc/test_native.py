@@ -30,11 +30,18 @@ def _reference(q, kb, vb, tables, lens, window, scale):
 
 
 @pytest.mark.parametrize("window", [None, 7, 100])
-@pytest.mark.parametrize("heads,kv_heads,dim,block_size", [(9, 3, 64, 16), (4, 4, 32, 8),
-                                                            (8, 1, 16, 4)])
-def test_matches_the_reference_on_scattered_blocks(window, heads, kv_heads, dim, block_size):
+@pytest.mark.parametrize("jobs", ["many", "one", "two"])
+@pytest.mark.parametrize("heads,kv_heads,dim,block_size", [
+    (9, 3, 64, 16), (4, 4, 32, 8), (8, 1, 16, 4),
+    # Head size 64 has its own AVX-512 path: query rows per KV head taken 4 at a time.
+    (16, 2, 64, 16), (10, 2, 64, 8), (4, 4, 64, 16)])
+def test_matches_the_reference_on_scattered_blocks(window, jobs, heads, kv_heads, dim,
+                                                   block_size):
+    # Many jobs of mixed lengths (one task per job, longest first), or few (one task per KV
+    # head of a job).
     g = torch.Generator().manual_seed(heads * 100 + dim)
-    lens = torch.tensor([1, 5, block_size, block_size + 1, 97, 40])
+    lens = torch.tensor({"many": [1, 5, block_size, block_size + 1, 97, 40], "one": [97],
+                         "two": [40, 3]}[jobs])
     max_blocks = math.ceil(int(lens.max()) / block_size)
     kb = torch.randn(200, block_size, kv_heads, dim, generator=g)
     vb = torch.randn(200, block_size, kv_heads, dim, generator=g)

@@ -3,8 +3,17 @@
  * One query token per job. For job b and KV head h, the job's keys and values are read
  * straight from the pool blocks its block table names: no gather into a padded copy. Scores,
  * the softmax (max-subtracted, in float32) and the weighted sum of values are computed per
- * (job, KV head) task; OpenMP spreads the tasks over the threads of the runtime PyTorch
- * itself uses (the library is linked against libgomp.so.1, which torch has already loaded).
+ * task (a job, or one KV head of a job when there are few jobs); OpenMP hands the tasks,
+ * longest first, to the threads of the runtime PyTorch itself uses (the library is linked
+ * against libgomp.so.1, which torch has already loaded).
+ *
+ * The work is a stream of reads (a job's keys and values, 1.5 KB per token per layer for the
+ * default model) with a few multiply-adds per float, so the layout of the reads decides the
+ * speed. A block's tokens are consecutive rows KVH x D floats wide, so each token's rows of a
+ * task's heads are one contiguous read; the tokens are taken in chunks, every head of a chunk
+ * while it is in cache, the next chunk fetched meanwhile. With AVX-512 and head size 64 each
+ * head's query rows stay in registers over a chunk (scores64, values64); elsewhere the loops are
+ * plain C for the compiler to vectorize.
  *
  * Layouts (all contiguous):
  *   q, out:        [B, H, D]
@@ -18,44 +27,49 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <omp.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
-/* Tokens ahead whose rows are fetched while this one is computed. */
-#define PREFETCH 4
+/* Tokens ahead whose rows are fetched while this one is computed (the plain-C path). */
+#define PREFETCH 8
 
 static inline void prefetch_row(const float *p, int64_t n) {
     for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 3);
 }
 
-/* The row of KV head h0 of the token at position pos, in one layer's pool. */
-static inline const float *token_row(const float *base, const int64_t *table, int64_t pos,
-                                     int64_t block_size, int64_t KVH, int64_t h0, int64_t D) {
-    return base + ((table[pos / block_size] * block_size + pos % block_size) * KVH + h0) * D;
+/* Where each of a job's tokens [start, start + n) starts in one layer's pool (its row of KV
+ * head 0; keys and values alike), worked out once so that no read below divides. */
+static void token_offsets(const int64_t *table, int64_t start, int64_t n, int64_t block_size,
+                          int64_t row, int64_t *offs) {
+    for (int64_t t = 0, pos = start; t < n;) {
+        const int64_t off = pos % block_size;
+        int64_t at = (table[pos / block_size] * block_size + off) * row;
+        for (int64_t j = off; j < block_size && t < n; j++, t++, pos++, at += row)
+            offs[t] = at;
+    }
 }
 
-/* One task: job b, KV heads [h0, h1). Scores for the task's (heads x group) query rows,
- * then the softmax, then the values; each token's row of keys (and of values) for those
- * heads is one contiguous read. */
-static void attend(const float *q, const float *k, const float *v, const int64_t *table,
-                   int64_t len, float *out, int64_t b, int64_t h0, int64_t h1, int64_t H,
-                   int64_t KVH, int64_t D, int64_t block_size, int64_t window, float scale,
-                   float *scores, float *acc) {
-    const int64_t group = H / KVH;
-    const int64_t rows = (h1 - h0) * group; /* query rows of this task */
-    const int64_t start = (window > 0 && len > window) ? len - window : 0;
-    const int64_t n = len - start;
-    const float *qt = q + (b * H + h0 * group) * D; /* rows are contiguous in q */
+/* The plain-C task: KV heads [h0, h1) of one job, their rows = (h1 - h0) x group queries at
+ * q (contiguous), outputs at o; acc holds rows x D floats. D is a compile-time constant in
+ * the head-size-64 copy. */
+static inline __attribute__((always_inline)) void attend_plain(
+        const float *q, const float *k, const float *v, const int64_t *restrict offs,
+        int64_t n, int64_t h0, int64_t h1, int64_t group, const int64_t D, float scale,
+        float *restrict scores, float *restrict acc, float *o) {
+    const int64_t heads = h1 - h0, rows = heads * group, width = heads * D;
     for (int64_t t = 0; t < n; t++) {
-        const int64_t pos = start + t;
-        const float *kp = token_row(k, table, pos, block_size, KVH, h0, D);
-        if (t + PREFETCH < n)
-            prefetch_row(token_row(k, table, pos + PREFETCH, block_size, KVH, h0, D),
-                         (h1 - h0) * D);
-        for (int64_t r = 0; r < rows; r++) {
-            const float *qr = qt + r * D;
-            const float *kr = kp + (r / group) * D;
-            float s = 0.0f;
-            for (int64_t d = 0; d < D; d++) s += qr[d] * kr[d];
-            scores[r * n + t] = s * scale;
+        const float *kp = k + offs[t] + h0 * D;
+        if (t + PREFETCH < n) prefetch_row(k + offs[t + PREFETCH] + h0 * D, width);
+        for (int64_t hh = 0; hh < heads; hh++) {
+            const float *restrict kr = kp + hh * D;
+            for (int64_t g = 0; g < group; g++) {
+                const int64_t r = hh * group + g;
+                const float *restrict qr = q + r * D;
+                float s = 0.0f;
+                for (int64_t d = 0; d < D; d++) s += qr[d] * kr[d];
+                scores[r * n + t] = s * scale;
+            }
         }
     }
     for (int64_t r = 0; r < rows; r++) {
@@ -72,20 +86,185 @@ static void attend(const float *q, const float *k, const float *v, const int64_t
         for (int64_t d = 0; d < D; d++) acc[r * D + d] = 0.0f;
     }
     for (int64_t t = 0; t < n; t++) {
-        const int64_t pos = start + t;
-        const float *vp = token_row(v, table, pos, block_size, KVH, h0, D);
-        if (t + PREFETCH < n)
-            prefetch_row(token_row(v, table, pos + PREFETCH, block_size, KVH, h0, D),
-                         (h1 - h0) * D);
-        for (int64_t r = 0; r < rows; r++) {
-            const float p = scores[r * n + t];
-            const float *vr = vp + (r / group) * D;
-            float *ar = acc + r * D;
-            for (int64_t d = 0; d < D; d++) ar[d] += p * vr[d];
+        const float *vp = v + offs[t] + h0 * D;
+        if (t + PREFETCH < n) prefetch_row(v + offs[t + PREFETCH] + h0 * D, width);
+        for (int64_t hh = 0; hh < heads; hh++) {
+            const float *restrict vr = vp + hh * D;
+            for (int64_t g = 0; g < group; g++) {
+                const int64_t r = hh * group + g;
+                const float p = scores[r * n + t];
+                float *restrict ar = acc + r * D;
+                for (int64_t d = 0; d < D; d++) ar[d] += p * vr[d];
+            }
         }
     }
-    float *o = out + (b * H + h0 * group) * D;
     for (int64_t i = 0; i < rows * D; i++) o[i] = acc[i];
+}
+
+#if defined(__AVX512F__)
+/* e^x for x <= 0: prefill_attention.c's exp512 (Cephes' polynomial after a range reduction by
+ * ln 2); lanes below -87 come out as tiny normals, never subnormals. */
+static inline __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(y, n);
+}
+
+/* Keys or values of this many consecutive tokens are taken head by head while in cache: every
+ * head's rows of a token are one contiguous read from memory, and each head's query rows stay
+ * in registers over the chunk. */
+#define CHUNK 32
+
+/* Head size 64, R (1-4) query rows of one KV head (queries pre-scaled, qr), tokens [t0, t1):
+ * scores[i * n + t] = q_i . k_t. The first head of a chunk fetches the next chunk's rows of
+ * every head (pf_width floats per token). */
+static inline __attribute__((always_inline)) void scores64(
+        const float *restrict qr, const float *k, const int64_t *restrict offs, int64_t t0,
+        int64_t t1, int64_t n, float *restrict scores, int64_t pf_width, const int R) {
+    __m512 qv[4][4];
+    for (int i = 0; i < R; i++)
+        for (int c = 0; c < 4; c++) qv[i][c] = _mm512_loadu_ps(qr + i * 64 + c * 16);
+    for (int64_t t = t0; t < t1; t++) {
+        const float *kp = k + offs[t];
+        if (pf_width && t + CHUNK < n) prefetch_row(k + offs[t + CHUNK], pf_width);
+        const __m512 k0 = _mm512_loadu_ps(kp), k1 = _mm512_loadu_ps(kp + 16),
+                     k2 = _mm512_loadu_ps(kp + 32), k3 = _mm512_loadu_ps(kp + 48);
+        for (int i = 0; i < R; i++) {
+            __m512 a = _mm512_mul_ps(qv[i][0], k0);
+            __m512 b = _mm512_mul_ps(qv[i][1], k1);
+            a = _mm512_fmadd_ps(qv[i][2], k2, a);
+            b = _mm512_fmadd_ps(qv[i][3], k3, b);
+            scores[i * n + t] = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
+        }
+    }
+}
+
+/* acc (R x 64, in memory between chunks) += sum over tokens [t0, t1) of p_t v_t. */
+static inline __attribute__((always_inline)) void values64(
+        const float *restrict p, const float *v, const int64_t *restrict offs, int64_t t0,
+        int64_t t1, int64_t n, float *restrict acc, int64_t pf_width, const int R) {
+    __m512 a[4][4];
+    for (int i = 0; i < R; i++)
+        for (int c = 0; c < 4; c++) a[i][c] = _mm512_loadu_ps(acc + i * 64 + c * 16);
+    for (int64_t t = t0; t < t1; t++) {
+        const float *vp = v + offs[t];
+        if (pf_width && t + CHUNK < n) prefetch_row(v + offs[t + CHUNK], pf_width);
+        const __m512 v0 = _mm512_loadu_ps(vp), v1 = _mm512_loadu_ps(vp + 16),
+                     v2 = _mm512_loadu_ps(vp + 32), v3 = _mm512_loadu_ps(vp + 48);
+        for (int i = 0; i < R; i++) {
+            const __m512 w = _mm512_set1_ps(p[i * n + t]);
+            a[i][0] = _mm512_fmadd_ps(w, v0, a[i][0]);
+            a[i][1] = _mm512_fmadd_ps(w, v1, a[i][1]);
+            a[i][2] = _mm512_fmadd_ps(w, v2, a[i][2]);
+            a[i][3] = _mm512_fmadd_ps(w, v3, a[i][3]);
+        }
+    }
+    for (int i = 0; i < R; i++)
+        for (int c = 0; c < 4; c++) _mm512_storeu_ps(acc + i * 64 + c * 16, a[i][c]);
+}
+
+/* One row's n scores become their softmax, in place. */
+static void softmax_row(float *sr, int64_t n) {
+    __m512 mx = _mm512_set1_ps(-FLT_MAX);
+    int64_t t = 0;
+    for (; t + 16 <= n; t += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(sr + t));
+    float m = _mm512_reduce_max_ps(mx);
+    for (; t < n; t++) m = sr[t] > m ? sr[t] : m;
+    const __m512 vm = _mm512_set1_ps(m);
+    __m512 sum = _mm512_setzero_ps();
+    for (t = 0; t < n; t += 16) {
+        const __mmask16 live = n - t >= 16 ? 0xFFFF : (__mmask16)((1u << (n - t)) - 1);
+        const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, sr + t), vm));
+        _mm512_mask_storeu_ps(sr + t, live, e);
+        sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(live, e));
+    }
+    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+    for (t = 0; t < n; t += 16) {
+        const __mmask16 live = n - t >= 16 ? 0xFFFF : (__mmask16)((1u << (n - t)) - 1);
+        _mm512_mask_storeu_ps(sr + t, live, _mm512_mul_ps(_mm512_maskz_loadu_ps(live, sr + t), inv));
+    }
+}
+
+/* The AVX-512 task for head size 64, arguments as attend_plain's; qs and acc hold rows x 64
+ * floats each. */
+static void attend64(const float *q, const float *k, const float *v, const int64_t *offs,
+                  int64_t n, int64_t h0, int64_t h1, int64_t group, float scale,
+                  float *restrict scores, float *restrict qs, float *restrict acc, float *o) {
+    const int64_t heads = h1 - h0, rows = heads * group, width = heads * 64;
+    for (int64_t i = 0; i < rows * 64; i++) {
+        qs[i] = q[i] * scale;
+        acc[i] = 0.0f;
+    }
+    for (int64_t t = 0; t < n && t < CHUNK; t++) prefetch_row(k + offs[t] + h0 * 64, width);
+    for (int64_t t0 = 0; t0 < n; t0 += CHUNK) {
+        const int64_t t1 = t0 + CHUNK < n ? t0 + CHUNK : n;
+        for (int64_t h = h0; h < h1; h++)
+            for (int64_t r = 0; r < group; r += 4) {
+                const int64_t row = (h - h0) * group + r;
+                const float *qr = qs + row * 64, *kh = k + h * 64;
+                float *sr = scores + row * n;
+                const int64_t pf = (h == h0 && r == 0) ? width : 0;
+                switch (group - r >= 4 ? 4 : group - r) {
+                case 4: scores64(qr, kh, offs, t0, t1, n, sr, pf, 4); break;
+                case 3: scores64(qr, kh, offs, t0, t1, n, sr, pf, 3); break;
+                case 2: scores64(qr, kh, offs, t0, t1, n, sr, pf, 2); break;
+                default: scores64(qr, kh, offs, t0, t1, n, sr, pf, 1); break;
+                }
+            }
+    }
+    for (int64_t i = 0; i < rows; i++) softmax_row(scores + i * n, n);
+    for (int64_t t = 0; t < n && t < CHUNK; t++) prefetch_row(v + offs[t] + h0 * 64, width);
+    for (int64_t t0 = 0; t0 < n; t0 += CHUNK) {
+        const int64_t t1 = t0 + CHUNK < n ? t0 + CHUNK : n;
+        for (int64_t h = h0; h < h1; h++)
+            for (int64_t r = 0; r < group; r += 4) {
+                const int64_t row = (h - h0) * group + r;
+                const float *vh = v + h * 64, *pr = scores + row * n;
+                float *ar = acc + row * 64;
+                const int64_t pf = (h == h0 && r == 0) ? width : 0;
+                switch (group - r >= 4 ? 4 : group - r) {
+                case 4: values64(pr, vh, offs, t0, t1, n, ar, pf, 4); break;
+                case 3: values64(pr, vh, offs, t0, t1, n, ar, pf, 3); break;
+                case 2: values64(pr, vh, offs, t0, t1, n, ar, pf, 2); break;
+                default: values64(pr, vh, offs, t0, t1, n, ar, pf, 1); break;
+                }
+            }
+    }
+    for (int64_t i = 0; i < rows * 64; i++) o[i] = acc[i];
+}
+#endif
+
+/* One task: KV heads [h0, h1) of job b. scratch holds 2 x H x D floats. */
+static void attend(const float *q, const float *k, const float *v, const int64_t *table,
+                   int64_t len, float *out, int64_t b, int64_t h0, int64_t h1, int64_t H,
+                   int64_t KVH, int64_t D, int64_t block_size, int64_t window, float scale,
+                   float *scores, float *scratch, int64_t *offs) {
+    const int64_t group = H / KVH;
+    const int64_t start = (window > 0 && len > window) ? len - window : 0;
+    const int64_t n = len - start;
+    const float *qt = q + (b * H + h0 * group) * D; /* the task's rows are contiguous */
+    float *o = out + (b * H + h0 * group) * D;
+    token_offsets(table, start, n, block_size, KVH * D, offs);
+#if defined(__AVX512F__)
+    if (D == 64) {
+        attend64(qt, k, v, offs, n, h0, h1, group, scale, scores, scratch + H * D, scratch, o);
+        return;
+    }
+#endif
+    if (D == 64)
+        attend_plain(qt, k, v, offs, n, h0, h1, group, 64, scale, scores, scratch, o);
+    else
+        attend_plain(qt, k, v, offs, n, h0, h1, group, D, scale, scores, scratch, o);
 }
 
 void fs_paged_decode_attention(const float *q, const float *k, const float *v,
@@ -100,17 +279,29 @@ void fs_paged_decode_attention(const float *q, const float *k, const float *v,
      * of all heads read at once); else one task per (job, KV head). */
     const int64_t split = B >= 2 * omp_get_max_threads() ? 1 : KVH;
     const int64_t heads_per_task = KVH / split;
+    /* Jobs longest first, handed out one at a time: contexts differ, and a thread that drew
+     * the short ones must not wait at the end for one that drew the long ones. */
+    int64_t *order = (int64_t *)malloc(sizeof(int64_t) * (size_t)B);
+    for (int64_t i = 0; i < B; i++) {
+        int64_t j = i;
+        for (; j > 0 && context_lens[order[j - 1]] < context_lens[i]; j--) order[j] = order[j - 1];
+        order[j] = i;
+    }
 #pragma omp parallel
     {
         float *scores = (float *)malloc(sizeof(float) * (size_t)(H * max_len));
-        float *acc = (float *)malloc(sizeof(float) * (size_t)(H * D));
-#pragma omp for schedule(static)
+        float *scratch = (float *)malloc(sizeof(float) * (size_t)(2 * H * D));
+        int64_t *offs = (int64_t *)malloc(sizeof(int64_t) * (size_t)max_len);
+#pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < B * split; task++) {
-            const int64_t b = task / split, h0 = (task % split) * heads_per_task;
+            const int64_t b = order[task / split], h0 = (task % split) * heads_per_task;
             attend(q, k, v, block_tables + b * max_blocks, context_lens[b], out, b, h0,
-                   h0 + heads_per_task, H, KVH, D, block_size, window, scale, scores, acc);
+                   h0 + heads_per_task, H, KVH, D, block_size, window, scale, scores, scratch,
+                   offs);
         }
+        free(offs);
         free(scores);
-        free(acc);
+        free(scratch);
     }
+    free(order);
 }
