@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import pathlib
 from dataclasses import dataclass, field
 
@@ -134,6 +135,11 @@ def load_engine(cfg: EngineConfig) -> LoadedModel:
 
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
+    # Weights and the KV pool in 2 MB pages on the CPU (PyTorch's allocator madvises
+    # allocations of 2 MB and more when this is set before its first one): a decode reads
+    # every weight and each job's scattered KV blocks once per iteration, and with 4 KB pages
+    # the TLB misses cost 2-3% of a batch-8 decode here. THP_MEM_ALLOC_ENABLE=0 turns it off.
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     path = str(resolve_model(cfg.model))
     dtype = DTYPES[cfg.dtype]
     device = torch.device(cfg.device)
