@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 SOURCES = [pathlib.Path(__file__).with_name("csrc") / name
            for name in ("paged_decode_attention.c", "prefill_attention.c", "small_gemm.c",
                         "fused_elementwise.c")]
+HEADERS = [pathlib.Path(__file__).with_name("csrc") / "exp512.h"]  # included by the sources
 # -ffast-math lets the compiler vectorize the dot products' reductions and call glibc's
 # vector expf; the kernel uses no infinities or NaNs. It is given to the compile step only:
 # linked with it, gcc adds crtfastmath.o, whose constructor flushes subnormals to zero in the
@@ -62,7 +63,7 @@ def build_key() -> str:
     """The kernels' build: a hash of their sources, compiler, flags and processor (it names
     the cached library, and keys anything timed on these kernels)."""
     cc = os.environ.get("CC", "cc")
-    return hashlib.sha256(b"\0".join([*(src.read_bytes() for src in SOURCES),
+    return hashlib.sha256(b"\0".join([*(src.read_bytes() for src in [*SOURCES, *HEADERS]),
                                       " ".join([cc, *CFLAGS, *LDFLAGS]).encode(),
                                       cpu_id().encode()])).hexdigest()[:16]
 

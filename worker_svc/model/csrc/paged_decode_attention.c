@@ -30,6 +30,7 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
+#include "exp512.h"
 
 /* Tokens ahead whose rows are fetched while this one is computed (the plain-C path). */
 #define PREFETCH 8
@@ -102,24 +103,6 @@ static inline __attribute__((always_inline)) void attend_plain(
 }
 
 #if defined(__AVX512F__)
-/* e^x for x <= 0: prefill_attention.c's exp512 (Cephes' polynomial after a range reduction by
- * ln 2); lanes below -87 come out as tiny normals, never subnormals. */
-static inline __m512 exp512(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(y, n);
-}
-
 /* Keys or values of this many consecutive tokens are taken head by head while in cache: every
  * head's rows of a token are one contiguous read from memory, and each head's query rows stay
  * in registers over the chunk. */
@@ -195,51 +178,46 @@ static void softmax_row(float *sr, int64_t n) {
     }
 }
 
+/* One pass over a task's tokens, chunk by chunk, every query row group (up to 4 rows of one KV
+ * head) of a chunk in turn: the scores (values == 0: qs against the keys kv, into scores) or
+ * the weighted values (scores against the values kv, into acc). */
+static void pass64(int values, const float *qs, const float *kv, const int64_t *offs, int64_t n,
+                   int64_t h0, int64_t h1, int64_t group, float *scores, float *acc) {
+    const int64_t width = (h1 - h0) * 64;
+    for (int64_t t = 0; t < n && t < CHUNK; t++) prefetch_row(kv + offs[t] + h0 * 64, width);
+    for (int64_t t0 = 0; t0 < n; t0 += CHUNK) {
+        const int64_t t1 = t0 + CHUNK < n ? t0 + CHUNK : n;
+        for (int64_t h = h0; h < h1; h++)
+            for (int64_t r = 0; r < group; r += 4) {
+                const int64_t row = (h - h0) * group + r, R = group - r >= 4 ? 4 : group - r;
+                const float *kvh = kv + h * 64;
+                float *sr = scores + row * n, *ar = acc + row * 64;
+                const int64_t pf = (h == h0 && r == 0) ? width : 0;
+#define ROWS_CASE(N)                                                                      \
+    case N:                                                                               \
+        if (values) values64(sr, kvh, offs, t0, t1, n, ar, pf, N);                        \
+        else scores64(qs + row * 64, kvh, offs, t0, t1, n, sr, pf, N);                    \
+        break;
+                switch (R) { ROWS_CASE(4) ROWS_CASE(3) ROWS_CASE(2) default: ROWS_CASE(1) }
+#undef ROWS_CASE
+            }
+    }
+}
+
 /* The AVX-512 task for head size 64, arguments as attend_plain's; qs and acc hold rows x 64
  * floats each. */
 static void attend64(const float *q, const float *k, const float *v, const int64_t *offs,
-                  int64_t n, int64_t h0, int64_t h1, int64_t group, float scale,
-                  float *restrict scores, float *restrict qs, float *restrict acc, float *o) {
-    const int64_t heads = h1 - h0, rows = heads * group, width = heads * 64;
+                     int64_t n, int64_t h0, int64_t h1, int64_t group, float scale,
+                     float *restrict scores, float *restrict qs, float *restrict acc,
+                     float *o) {
+    const int64_t rows = (h1 - h0) * group;
     for (int64_t i = 0; i < rows * 64; i++) {
         qs[i] = q[i] * scale;
         acc[i] = 0.0f;
     }
-    for (int64_t t = 0; t < n && t < CHUNK; t++) prefetch_row(k + offs[t] + h0 * 64, width);
-    for (int64_t t0 = 0; t0 < n; t0 += CHUNK) {
-        const int64_t t1 = t0 + CHUNK < n ? t0 + CHUNK : n;
-        for (int64_t h = h0; h < h1; h++)
-            for (int64_t r = 0; r < group; r += 4) {
-                const int64_t row = (h - h0) * group + r;
-                const float *qr = qs + row * 64, *kh = k + h * 64;
-                float *sr = scores + row * n;
-                const int64_t pf = (h == h0 && r == 0) ? width : 0;
-                switch (group - r >= 4 ? 4 : group - r) {
-                case 4: scores64(qr, kh, offs, t0, t1, n, sr, pf, 4); break;
-                case 3: scores64(qr, kh, offs, t0, t1, n, sr, pf, 3); break;
-                case 2: scores64(qr, kh, offs, t0, t1, n, sr, pf, 2); break;
-                default: scores64(qr, kh, offs, t0, t1, n, sr, pf, 1); break;
-                }
-            }
-    }
+    pass64(0, qs, k, offs, n, h0, h1, group, scores, acc);
     for (int64_t i = 0; i < rows; i++) softmax_row(scores + i * n, n);
-    for (int64_t t = 0; t < n && t < CHUNK; t++) prefetch_row(v + offs[t] + h0 * 64, width);
-    for (int64_t t0 = 0; t0 < n; t0 += CHUNK) {
-        const int64_t t1 = t0 + CHUNK < n ? t0 + CHUNK : n;
-        for (int64_t h = h0; h < h1; h++)
-            for (int64_t r = 0; r < group; r += 4) {
-                const int64_t row = (h - h0) * group + r;
-                const float *vh = v + h * 64, *pr = scores + row * n;
-                float *ar = acc + row * 64;
-                const int64_t pf = (h == h0 && r == 0) ? width : 0;
-                switch (group - r >= 4 ? 4 : group - r) {
-                case 4: values64(pr, vh, offs, t0, t1, n, ar, pf, 4); break;
-                case 3: values64(pr, vh, offs, t0, t1, n, ar, pf, 3); break;
-                case 2: values64(pr, vh, offs, t0, t1, n, ar, pf, 2); break;
-                default: values64(pr, vh, offs, t0, t1, n, ar, pf, 1); break;
-                }
-            }
-    }
+    pass64(1, qs, v, offs, n, h0, h1, group, scores, acc);
     for (int64_t i = 0; i < rows * 64; i++) o[i] = acc[i];
 }
 #endif
