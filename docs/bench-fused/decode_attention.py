@@ -29,9 +29,8 @@ def build(source: str, out: pathlib.Path) -> ctypes.CDLL:
     """Compile one revision's kernel (with this tree's headers)."""
     src = out.with_suffix(".c")
     src.write_text(source)
-    headers = str(native.SOURCES[0].parent)
-    subprocess.run(["cc", *native.CFLAGS, "-I", headers, str(src), *native.LDFLAGS, "-o",
-                    str(out)], check=True)
+    subprocess.run(["cc", *native.CFLAGS, "-I", str(native.CSRC), str(src), *native.LDFLAGS,
+                    "-o", str(out)], check=True)
     lib = ctypes.CDLL(str(out))
     lib.fs_paged_decode_attention.argtypes = ([ctypes.c_void_p] * 6 + [ctypes.c_int64] * 7
                                               + [ctypes.c_float])

@@ -34,8 +34,6 @@ SHAPED = CostModel(decode=((1, 0.010), (64, 0.050)), prefill=((1, 0.010), (501, 
                    num_layers=4, hidden_size=4, interconnect=LINKS)
 
 
-
-
 # ---- the cost model -------------------------------------------------------------------------
 def test_one_by_one_is_the_model_itself():
     assert OPT_13B_A100.split(1, 1) is OPT_13B_A100

@@ -28,8 +28,6 @@ COST = CostModel(decode=((1, 0.010), (64, 0.050)), prefill=((1, 0.010), (501, 0.
                  name="test")
 
 
-
-
 def make_requests(n: int, rate: float = 5.0, seed: int = 0, max_len: int = 200) -> list[Req]:
     """``n`` requests, exponential gaps at ``rate``, long-tailed output lengths."""
     rng = random.Random(seed)

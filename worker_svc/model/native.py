@@ -33,10 +33,10 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCES = [pathlib.Path(__file__).with_name("csrc") / name
-           for name in ("paged_decode_attention.c", "prefill_attention.c", "small_gemm.c",
-                        "fused_elementwise.c")]
-HEADERS = [pathlib.Path(__file__).with_name("csrc") / "exp512.h"]  # included by the sources
+CSRC = pathlib.Path(__file__).with_name("csrc")
+SOURCES = [CSRC / name for name in ("paged_decode_attention.c", "prefill_attention.c",
+                                    "small_gemm.c", "fused_elementwise.c")]
+HEADERS = [CSRC / "exp512.h"]  # included by the sources
 # -ffast-math lets the compiler vectorize the dot products' reductions and call glibc's
 # vector expf; the kernel uses no infinities or NaNs. It is given to the compile step only:
 # linked with it, gcc adds crtfastmath.o, whose constructor flushes subnormals to zero in the
