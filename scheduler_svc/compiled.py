@@ -42,6 +42,7 @@ MODULES = (
     "scheduler_svc.core.kv.allocator", "scheduler_svc.core.kv.ledger",
     "scheduler_svc.core.kv.displace", "scheduler_svc.core.kv.policies",
     "scheduler_svc.core.policies.base", "scheduler_svc.core.policies.starvation",
+    "scheduler_svc.core.policies.ranked",
     "scheduler_svc.core.policies.fcfs", "scheduler_svc.core.policies.mlfq",
     "scheduler_svc.core.policies.priority", "scheduler_svc.core.policies.predictive",
     "scheduler_svc.sim.pipeline", "scheduler_svc.sim.simulator",

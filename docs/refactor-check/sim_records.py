@@ -7,7 +7,9 @@ and the run's counters, as sorted JSON) and prints its SHA-256 prefix; compare w
 Runs: six policies on the Azure conversation trace (1,500 requests; defer at 1.5 req/s, and
 proactive with a 40,000-block store at 2.5 req/s, overload), and fcfs and skip-join-mlfq with
 each KV policy and a 20,000-block store on ShareGPT lengths with Gamma arrivals (CV 4, 2 req/s;
-SG_N requests, default 1,500). OPT-13B/A100 cost model, 4,096 blocks, batch 16.
+SG_N requests, default 1,500); and `predictive` (lognormal prediction error, sigma 0 and 0.75)
+with each KV policy on the conversations at 2.5 req/s. OPT-13B/A100 cost model, 4,096 blocks,
+batch 16.
 FASTSERVE_COMPILED=1 runs them on the core compiled with mypyc (scheduler_svc/compiled.py).
 """
 
@@ -34,7 +36,7 @@ TRACES = pathlib.Path("../shared/traces")
 POLICIES = ("fcfs", "rtc", "skip-join-mlfq", "mlfq", "fixed-priority", "srpt-oracle")
 
 
-def runs() -> list[tuple[str, list, str, str, int]]:
+def runs() -> list[tuple[str, list, str, str, int, float | None]]:
     def conv(rate: float) -> list:
         return load_trace(TRACES / "AzureLLMInferenceTrace_conv.csv", rate=rate,
                           num_requests=1500)
@@ -45,11 +47,16 @@ def runs() -> list[tuple[str, list, str, str, int]]:
 
     out = []
     for policy in POLICIES:
-        out.append((f"conv-{policy}-defer", conv(1.5), policy, "defer", 0))
-        out.append((f"conv-{policy}-proactive-store", conv(2.5), policy, "proactive", 40000))
+        out.append((f"conv-{policy}-defer", conv(1.5), policy, "defer", 0, None))
+        out.append((f"conv-{policy}-proactive-store", conv(2.5), policy, "proactive", 40000,
+                    None))
     for policy in ("fcfs", "skip-join-mlfq"):
         for kv in ("proactive", "reactive", "recompute", "defer"):
-            out.append((f"sharegpt-{policy}-{kv}", sharegpt(), policy, kv, 20000))
+            out.append((f"sharegpt-{policy}-{kv}", sharegpt(), policy, kv, 20000, None))
+    for sigma in (0.0, 0.75):
+        for kv in ("proactive", "reactive", "recompute", "defer"):
+            out.append((f"conv-predictive-s{sigma}-{kv}", conv(2.5), "predictive", kv, 40000,
+                        sigma))
     return out
 
 
@@ -57,12 +64,12 @@ def main() -> None:
     out_dir = pathlib.Path(sys.argv[1])
     out_dir.mkdir(parents=True, exist_ok=True)
     only = set(sys.argv[2:])
-    for name, requests, policy, kv, store in runs():
+    for name, requests, policy, kv, store, sigma in runs():
         if only and name not in only:
             continue
         config = SchedulerConfig(policy=policy, kv_policy=kv, max_batch_size=16)
         r = simulate(requests, config=config, cost_model=PUBLISHED["opt-13b-a100"],
-                     num_blocks=4096, store_blocks=store)
+                     num_blocks=4096, store_blocks=store, prediction_sigma=sigma)
         data = {"records": [dataclasses.astuple(x) for x in r.records],
                 "counters": {k: v for k, v in dataclasses.asdict(r).items() if k != "records"}}
         text = json.dumps(data, sort_keys=True)

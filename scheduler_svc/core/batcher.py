@@ -20,7 +20,10 @@ from scheduler_svc.core.kv.allocator import blocks_for
 from scheduler_svc.core.kv.displace import Displacement
 from scheduler_svc.core.kv.ledger import KVLedger
 from scheduler_svc.core.kv.policies import KVPolicy
+from scheduler_svc.core.policies.ranked import WalkSkip
 from scheduler_svc.core.step_context import StepContext
+
+NEVER = 1 << 62  # a ``floor`` no job's need exceeds: the policy passes none
 
 
 class Batcher:
@@ -39,7 +42,6 @@ class Batcher:
         ``num_waiting_single``: waiting jobs with a one-token prompt (they join as decodes)."""
         plan, now, policy = step.plan, step.now, step.policy
         ledger, kvp, config = self.ledger, self.kv_policy, self.config
-        order = policy.order(now)
         chosen, rank, busy = step.chosen, step.rank, step.busy
         budget = config.max_batched_tokens
         holders_seen = 0
@@ -88,7 +90,19 @@ class Batcher:
         # per iteration (FCFS walked it to the end: 0.1 ms per waiting job and iteration).
         # Only a new job behind a prefill that then fails to fit could have had tokens: 7 of
         # 28 policy pairs changed by under 1% on 500 overloaded requests, the MLFQs by none.
-        for job in order:
+
+        skip = WalkSkip(ledger.claimants())
+        skipping = policy.passes_new_jobs and not strict
+        walk = iter(policy.walk(now, skip))
+        while True:
+            # Where the walk stands now, for the policy to pass new jobs that cannot run.
+            if skipping:
+                skip.floor = (NEVER if len(commands) + len(prefills) >= max_batch
+                              else self._floor(budget, started_seen == num_started, prefills,
+                                               space, displaceable, claimed, step))
+            job = next(walk, None)
+            if job is None:
+                break
             if budget <= 0 or (len(commands) + len(prefills) >= max_batch
                                and not self._trim(prefills, budget)):
                 break
@@ -199,12 +213,30 @@ class Batcher:
                 self._add(job, n, step)
                 chosen.add(job.job_id)
                 budget -= n
+        step.passed = skip.passed
         # Priority order (for the policy's head return).
         plan.commands = sorted(commands, key=lambda c: rank[c.job_id])
         if not plan.commands:
             self._make_room(policy.order(now), budget, step)
         else:
             kvp.after_batch(step)
+
+    def _floor(self, budget: int, all_started_seen: bool, prefills: list[Job],
+               space: Displacement | None, displaceable: int, claimed: int,
+               step: StepContext) -> int:
+        """Tokens above which a new job's whole prompt (plus one) can neither start nor
+        claim room by displacement where the walk stands (``WalkSkip``): ``_fit`` and the
+        displacement branch of ``form``, solved for the job's need. ``NEVER`` where the next
+        job's visit could end the walk (the checks at the top of ``form``'s loop)."""
+        if budget <= 0 or (all_started_seen and self._sure and self._covers(prefills, budget)):
+            return NEVER
+        ledger = self.ledger
+        blocks = (ledger.num_free - ledger.num_reserved() - self._promised
+                  - (self.watermark_blocks if ledger.holding else 0))
+        if space is not None:
+            blocks += max(0, self.kv_policy.new_job_room(displaceable, step.iteration_s)
+                          - claimed)
+        return blocks * ledger.block_size
 
     def _grow_room(self, job: Job, space: Displacement | None) -> bool:
         """A started job at a block boundary finds none free: a lower-priority paused job
@@ -309,6 +341,7 @@ class Batcher:
             kv.on_worker = True
         if job.first_scheduled_time is None:
             step.started.append(job)
+            step.policy.on_start(job)
             job.first_scheduled_time = now
             job.status = JobStatus.RUNNING
         job.last_scheduled_time = now

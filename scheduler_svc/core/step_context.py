@@ -23,6 +23,7 @@ class StepContext:
     chosen: set[int] = field(default_factory=set)  # jobs in this plan's batch
     rank: dict[int, int] = field(default_factory=dict)  # position in this Step's priority walk
     started: list[Job] = field(default_factory=list)  # jobs scheduled for the first time
+    passed: int = 0  # jobs the walk passed unread (``WalkSkip``): ranked, not batched
     _enst: dict[int, float] | None = None
 
     def enst(self) -> dict[int, float]:

@@ -165,6 +165,10 @@ class KVLedger:
     def num_reserved(self) -> int:
         return self._reserved_total
 
+    def claimants(self) -> set[int]:
+        """The jobs with blocks reserved for them in this Step."""
+        return set(self._reserved)
+
     def swappable(self, job: Job) -> bool:
         """A paused job whose blocks hold exactly its computed KV (the worker stores the table)."""
         kv = job.kv

@@ -14,6 +14,7 @@ from typing import ClassVar
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.cost_model import CostModel
 from scheduler_svc.core.job import Job
+from scheduler_svc.core.policies.ranked import WalkSkip
 
 POLICIES: dict[str, type[Policy]] = {}
 
@@ -46,6 +47,9 @@ class Policy(ABC):
     # Whether a new arrival can rank ahead of jobs already started. Only then is it worth
     # keeping free KV blocks for arrivals (the proactive planner's headroom).
     arrivals_preempt: ClassVar[bool] = True
+    # Whether ``walk`` may pass new jobs that cannot run (``WalkSkip``): the batcher then
+    # tells it where the walk stands before each job it asks for.
+    passes_new_jobs: ClassVar[bool] = False
 
     def __init__(self, config: SchedulerConfig, cost_model: CostModel | None = None):
         self.config = config
@@ -69,6 +73,16 @@ class Policy(ABC):
         jobs an iteration costs what its batch costs. The policy must not change while the
         iterator is being consumed (the core adds and removes jobs only outside schedule()).
         """
+
+    def walk(self, now: float, skip: WalkSkip | None) -> Iterable[Job]:
+        """``order(now)``, for the batcher's walk: a policy that can tell which of its jobs
+        ``skip`` lets pass may leave them out (counted in ``skip.passed``); this default
+        leaves out none."""
+        return self.order(now)
+
+    def on_start(self, job: Job) -> None:  # noqa: B027 - a default hook
+        """``job`` was planned for the first time, in the Step being formed (its prefill
+        begins). Called during the walk: the order being walked must not change."""
 
     def on_iteration(self, ran: list[Job], elapsed_s: float,  # noqa: B027 - a default hook
                      now: float) -> None:

@@ -8,29 +8,49 @@ from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.cost_model import CostModel
 from scheduler_svc.core.job import Job
 from scheduler_svc.core.policies.base import Policy, register
+from scheduler_svc.core.policies.ranked import Key, Ranked, WalkSkip
 
 
 class _SortedPolicy(Policy):
-    """Live jobs ranked by ``key(job)`` each iteration, ties by arrival."""
+    """Live jobs ranked by ``key(job)``, ties by arrival (job id). A key must not change
+    while a job has not run (see ``Ranked``)."""
+
+    passes_new_jobs = True
 
     def __init__(self, config: SchedulerConfig, cost_model: CostModel | None = None):
         super().__init__(config, cost_model)
-        self._jobs: dict[int, Job] = {}
+        self._ranked = Ranked(self._full_key)
 
     def key(self, job: Job) -> float:
         raise NotImplementedError
 
+    def _full_key(self, job: Job) -> Key:
+        return (self.key(job), job.job_id, 0)
+
     def add(self, job: Job, now: float) -> None:
-        self._jobs[job.job_id] = job
+        self._ranked.add(job)
 
     def remove(self, job: Job) -> None:
-        self._jobs.pop(job.job_id, None)
+        self._ranked.remove(job.job_id)
 
     def order(self, now: float) -> Iterable[Job]:
-        return sorted(self._jobs.values(), key=lambda j: (self.key(j), j.job_id))
+        return self._ranked.walk(None)
+
+    def walk(self, now: float, skip: WalkSkip | None) -> Iterable[Job]:
+        return self._ranked.walk(skip)
+
+    def on_start(self, job: Job) -> None:
+        self._ranked.start(job)
+
+    def enst(self, now: float, batch_size: int, iteration_s: float,
+             started_only: bool = False) -> dict[int, float]:
+        if not started_only:
+            return super().enst(now, batch_size, iteration_s)
+        return {jid: (i // batch_size) * iteration_s
+                for jid, i in self._ranked.positions(0).items()}
 
     def queues(self) -> list[tuple[str, int]]:
-        return [(self.name, len(self._jobs))]
+        return [(self.name, len(self._ranked))]
 
 
 class ShortestPromptFirst(_SortedPolicy):

@@ -1,0 +1,237 @@
+"""Live jobs in a policy's key order, kept between iterations, for the walk to pass over
+the ones that cannot run without reading them.
+
+A policy that ranks every job by a key (``predictive``, ``srpt-oracle``, ``fixed-priority``)
+used to sort all its live jobs every iteration, and the batcher's walk then read each one
+that ranked above a job it could run. Under overload most live jobs have never run, and
+their keys do not change until they do: they are kept here in key order, in buckets that
+know their smallest ``need`` (tokens of the prompt plus one, what a job that has not run
+needs blocks for), so the walk passes a whole bucket of jobs that cannot fit at one
+comparison (``WalkSkip``). The jobs that have run (their keys move as they make tokens) are
+sorted per walk; there are as many of them as the device and the store can hold.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator
+
+from scheduler_svc.core.job import Job
+
+# (primary key, secondary, tertiary): unique per job (the job id is in it), compared as is.
+Key = tuple[float, int, int]
+
+# Jobs per bucket: a bucket splits at twice this. Small enough that an insertion or a
+# removal (a list shift) is cheap, large enough that passing the buckets of a long queue is.
+BUCKET = 64
+
+# The ``need`` of a job the walk never passes (a one-token prompt: it joins as a decode).
+ALWAYS = -(1 << 62)
+
+
+class WalkSkip:
+    """What the batcher's walk tells the policy while it walks (the contract between them):
+    a job that has not run, holds no claim on blocks (``claimed``) and needs more than
+    ``floor`` tokens can neither start nor make room now, so handing it to the walk would
+    change nothing; the policy passes it, and ``passed`` counts such jobs. The batcher sets
+    ``floor`` before it asks for each next job (the walk's state at that moment; nothing the
+    policy passes changes it)."""
+
+    def __init__(self, claimed: set[int]):
+        self.floor = 0
+        self.claimed = claimed
+        self.passed = 0
+
+
+def need(job: Job) -> int:
+    """What a job that has not run needs blocks for, in tokens (see ``ALWAYS``)."""
+    return len(job.prompt) + 1 if len(job.prompt) > 1 else ALWAYS
+
+
+class Fresh:
+    """Jobs that have not run, in key order, in buckets (keys, jobs, needs, each bucket's
+    smallest need and largest key)."""
+
+    def __init__(self) -> None:
+        self.keys: list[list[Key]] = []
+        self.jobs: list[list[Job]] = []
+        self.needs: list[list[int]] = []
+        self.least: list[int] = []
+        self.last: list[Key] = []
+        self.key_of: dict[int, Key] = {}
+
+    def __len__(self) -> int:
+        return len(self.key_of)
+
+    def add(self, job: Job, key: Key) -> None:
+        self.key_of[job.job_id] = key
+        n = need(job)
+        if not self.keys:
+            self.keys.append([key])
+            self.jobs.append([job])
+            self.needs.append([n])
+            self.least.append(n)
+            self.last.append(key)
+            return
+        i = min(bisect_left(self.last, key), len(self.keys) - 1)
+        keys, jobs, needs = self.keys[i], self.jobs[i], self.needs[i]
+        p = bisect_left(keys, key)
+        keys.insert(p, key)
+        jobs.insert(p, job)
+        needs.insert(p, n)
+        self.least[i] = min(self.least[i], n)
+        self.last[i] = keys[-1]
+        if len(keys) > 2 * BUCKET:
+            self.keys[i + 1:i + 1] = [keys[BUCKET:]]
+            self.jobs[i + 1:i + 1] = [jobs[BUCKET:]]
+            self.needs[i + 1:i + 1] = [needs[BUCKET:]]
+            del keys[BUCKET:], jobs[BUCKET:], needs[BUCKET:]
+            self.least[i:i + 1] = [min(needs), min(self.needs[i + 1])]
+            self.last[i:i + 1] = [keys[-1], self.keys[i + 1][-1]]
+
+    def remove(self, job_id: int) -> bool:
+        """Take the job out; whether it was here."""
+        key = self.key_of.pop(job_id, None)
+        if key is None:
+            return False
+        i = bisect_left(self.last, key)
+        keys = self.keys[i]
+        p = bisect_left(keys, key)
+        del keys[p]
+        del self.jobs[i][p]
+        n = self.needs[i].pop(p)
+        if not keys:
+            del self.keys[i], self.jobs[i], self.needs[i], self.least[i], self.last[i]
+            return True
+        self.last[i] = keys[-1]
+        if n == self.least[i]:
+            self.least[i] = min(self.needs[i])
+        return True
+
+    def count_below(self, keys_sorted: list[Key]) -> list[int]:
+        """For each key of ``keys_sorted`` (ascending), how many jobs here rank before it."""
+        out: list[int] = []
+        i, before = 0, 0
+        last = self.last
+        for key in keys_sorted:
+            while i < len(last) and last[i] < key:
+                before += len(self.keys[i])
+                i += 1
+            out.append(before + (bisect_left(self.keys[i], key) if i < len(last) else 0))
+        return out
+
+    def walk(self, ran: list[tuple[Key, Job]], skip: WalkSkip | None) -> Iterator[Job]:
+        """These jobs and the ``ran`` ones (sorted by key) in key order, the ones ``skip``
+        lets pass left out."""
+        keys, jobs, needs, least, last = self.keys, self.jobs, self.needs, self.least, self.last
+        claimed = skip.claimed if skip is not None else set()
+        guards = sorted(self.key_of[j] for j in claimed if j in self.key_of)
+        nb, nr = len(keys), len(ran)
+        b = p = r = 0
+        while True:
+            head: Key | None = ran[r][0] if r < nr else None
+            found: Job | None = None
+            while b < nb:
+                bucket = keys[b]
+                if p >= len(bucket):
+                    b, p = b + 1, 0
+                    continue
+                if head is not None and head < bucket[p]:
+                    break
+                if skip is None:
+                    found = jobs[b][p]
+                    break
+                floor = skip.floor
+                if (least[b] > floor and (head is None or last[b] < head)
+                        and not _guarded(guards, bucket[p], last[b])):
+                    skip.passed += len(bucket) - p
+                    b, p = b + 1, 0
+                    continue
+                if needs[b][p] > floor and jobs[b][p].job_id not in claimed:
+                    skip.passed += 1
+                    p += 1
+                    continue
+                found = jobs[b][p]
+                break
+            if found is not None:
+                p += 1
+                yield found
+            elif head is not None:
+                r += 1
+                yield ran[r - 1][1]
+            else:
+                return
+
+
+def _guarded(guards: list[Key], lo: Key, hi: Key) -> bool:
+    """Whether a claimed job's key lies in [lo, hi]."""
+    i = bisect_left(guards, lo)
+    return i < len(guards) and guards[i] <= hi
+
+
+class Ranked:
+    """A policy's live jobs by ``key``: the ones that have not run in ``Fresh`` (their keys
+    fixed), the rest sorted per walk. ``key`` must stay what it was for a job that has not
+    run until its ``start`` (a policy re-adds a job whose key it changes)."""
+
+    def __init__(self, key: Callable[[Job], Key]):
+        self.key = key
+        self.fresh = Fresh()
+        self.ran: dict[int, Job] = {}
+        # Started in the Step being formed, still in ``fresh`` (a walk may be reading it):
+        # moved to ``ran`` when the next walk begins.
+        self.starting: dict[int, Job] = {}
+
+    def __len__(self) -> int:
+        return len(self.fresh) + len(self.ran)
+
+    def __contains__(self, job_id: int) -> bool:
+        return job_id in self.ran or job_id in self.fresh.key_of
+
+    def add(self, job: Job) -> None:
+        if job.started:
+            self.ran[job.job_id] = job
+        else:
+            self.fresh.add(job, self.key(job))
+
+    def remove(self, job_id: int) -> bool:
+        """Take the job out; whether it was here."""
+        self.starting.pop(job_id, None)
+        return self.ran.pop(job_id, None) is not None or self.fresh.remove(job_id)
+
+    def start(self, job: Job) -> None:
+        """``job`` was planned for the first time (its key may move from the next Step on)."""
+        if job.job_id in self.fresh.key_of:
+            self.starting[job.job_id] = job
+
+    def _settle(self) -> None:
+        for jid, job in self.starting.items():
+            self.fresh.remove(jid)
+            self.ran[jid] = job
+        self.starting.clear()
+
+    def _sorted(self, jobs: Iterable[Job]) -> list[tuple[Key, Job]]:
+        key = self.key
+        return sorted([(key(j), j) for j in jobs], key=_first)
+
+    def walk(self, skip: WalkSkip | None) -> Iterator[Job]:
+        """Every job, in key order (``skip``: see ``WalkSkip``)."""
+        self._settle()
+        return self.fresh.walk(self._sorted(self.ran.values()), skip)
+
+    def positions(self, offset: int) -> dict[int, int]:
+        """The place in the key order (plus ``offset``) of every job that has run or is
+        starting (those are still counted in ``fresh``)."""
+        starting = self.starting
+        jobs = self._sorted([*self.ran.values(), *starting.values()])
+        below = self.fresh.count_below([k for k, _ in jobs])
+        out: dict[int, int] = {}
+        early = 0  # starting jobs ranked before this one (counted in ``below`` too)
+        for i, ((_, j), n) in enumerate(zip(jobs, below)):
+            out[j.job_id] = offset + i + n - early
+            early += j.job_id in starting
+        return out
+
+
+def _first(item: tuple[Key, Job]) -> Key:
+    return item[0]
