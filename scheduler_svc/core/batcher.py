@@ -20,10 +20,8 @@ from scheduler_svc.core.kv.allocator import blocks_for
 from scheduler_svc.core.kv.displace import Displacement
 from scheduler_svc.core.kv.ledger import KVLedger
 from scheduler_svc.core.kv.policies import KVPolicy
-from scheduler_svc.core.policies.ranked import WalkSkip
+from scheduler_svc.core.policies.ranked import NEVER, WalkSkip
 from scheduler_svc.core.step_context import StepContext
-
-NEVER = 1 << 62  # a ``floor`` no job's need exceeds: the policy passes none
 
 
 class Batcher:

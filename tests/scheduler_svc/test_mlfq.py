@@ -206,7 +206,7 @@ def test_a_starving_job_waits_twice_as_long_before_each_next_promotion():
     t, promoted_at = 0.0, []
     for _ in range(3):
         # Demoted to the lowest queue at t (as after a long run), then never scheduled.
-        del pol._queues[pol.level[0]][0]
+        pol._queues[pol.level[0]].remove(0)
         pol._place(job, low)
         pol._touch(0, t)
         while pol.level[0] != 0:

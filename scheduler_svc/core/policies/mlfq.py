@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections import OrderedDict
 from collections.abc import Iterable
 
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.cost_model import CostModel
 from scheduler_svc.core.job import Job
 from scheduler_svc.core.policies.base import Policy, register
+from scheduler_svc.core.policies.ranked import Key, Ranked, WalkSkip
 from scheduler_svc.core.policies.starvation import StarvationClock
 
 
@@ -33,15 +33,20 @@ class SkipJoinMLFQ(Policy):
     name = "skip-join-mlfq"
     needs_cost_model = True
     skip_join = True
+    passes_new_jobs = True
 
     def __init__(self, config: SchedulerConfig, cost_model: CostModel | None = None):
         super().__init__(config, cost_model)
         assert cost_model is not None
         q1 = config.mlfq_q1_quantum_s or cost_model.min_iteration_time
         self.quanta = [q1 * config.mlfq_ratio ** i for i in range(config.mlfq_num_queues)]
-        self._queues: list[OrderedDict[int, Job]] = [
-            OrderedDict() for _ in range(config.mlfq_num_queues)
-        ]
+        # Each queue in order of place: a job put at a queue's tail takes the next place up,
+        # one returned to its head the next place down (an ordered dict, kept as ``Ranked``
+        # so the walk can pass the jobs that have not run and cannot).
+        self._queues = [Ranked(self._key) for _ in range(config.mlfq_num_queues)]
+        self._jobs: dict[int, Job] = {}
+        self._place_of: dict[int, int] = {}
+        self._tail = self._head = 0
         self.level: dict[int, int] = {}
         self.service: dict[int, float] = {}
         self.starvation = StarvationClock(config.starve_limit_s)
@@ -71,34 +76,53 @@ class SkipJoinMLFQ(Policy):
     def _touch(self, jid: int, now: float) -> None:
         self.starvation.touch(jid, now)
 
+    def _key(self, job: Job) -> Key:
+        return (0.0, self._place_of[job.job_id], 0)
+
     def _place(self, job: Job, lvl: int) -> None:
-        self.level[job.job_id] = lvl
-        self.service[job.job_id] = 0.0
-        self._queues[lvl][job.job_id] = job
+        """At the tail of queue ``lvl``, with no service in it yet."""
+        jid = job.job_id
+        self.level[jid] = lvl
+        self.service[jid] = 0.0
+        self._jobs[jid] = job
+        self._tail += 1
+        self._place_of[jid] = self._tail
+        self._queues[lvl].add(job)
 
     def remove(self, job: Job) -> None:
-        lvl = self.level.pop(job.job_id, None)
+        jid = job.job_id
+        lvl = self.level.pop(jid, None)
         if lvl is not None:
-            del self._queues[lvl][job.job_id]
-            del self.service[job.job_id]
-            self.starvation.forget(job.job_id)
+            self._queues[lvl].remove(jid)
+            del self.service[jid], self._jobs[jid], self._place_of[jid]
+            self.starvation.forget(jid)
 
     def order(self, now: float) -> Iterable[Job]:
+        return self.walk(now, None)
+
+    def walk(self, now: float, skip: WalkSkip | None) -> Iterable[Job]:
+        for queue in self._queues:
+            queue.settle()
         self._promote_starving(now)
-        return itertools.chain.from_iterable(q.values() for q in self._queues)
+        return itertools.chain.from_iterable(q.walk(skip) for q in self._queues)
 
     def _promote_starving(self, now: float) -> None:
         for jid in self.starvation.starving(now):
             lvl = self.level[jid]
             if lvl == 0:
                 continue  # already in Q1; it is pushed again when it next runs
-            job = self._queues[lvl].pop(jid)
-            self._place(job, 0)
+            self._queues[lvl].remove(jid)
+            self._place(self._jobs[jid], 0)
             self.starvation.promoted(jid)
             self._touch(jid, now)
             self.num_promotions += 1
 
+    def on_start(self, job: Job) -> None:
+        self._queues[self.level[job.job_id]].start(job)
+
     def on_iteration(self, ran: list[Job], elapsed_s: float, now: float) -> None:
+        for queue in self._queues:
+            queue.settle()
         stay: list[Job] = []
         for job in ran:
             jid = job.job_id
@@ -108,13 +132,14 @@ class SkipJoinMLFQ(Policy):
             self.service[jid] += elapsed_s
             lvl = self.level[jid]
             if self.service[jid] > self.quanta[lvl] and lvl < len(self.quanta) - 1:
-                del self._queues[lvl][jid]
+                self._queues[lvl].remove(jid)
                 self._place(job, self.level_for(self.next_iteration_time(job), lvl + 1))
                 self.num_demotions += 1
             else:
                 stay.append(job)
         for job in reversed(stay):  # back to the head, keeping their batch order
-            self._queues[self.level[job.job_id]].move_to_end(job.job_id, last=False)
+            self._head -= 1
+            self._place_of[job.job_id] = self._head  # a job that ran: its key is read anew
 
     def steady_iterations(self, batch: list[Job], iteration_s: float,
                           starts: list[float]) -> int:
@@ -158,12 +183,20 @@ class SkipJoinMLFQ(Policy):
         ahead = rem_sum = below_sum = 0.0
         for lvl, queue in enumerate(self._queues):
             quantum, below_next = self.quanta[lvl], below[lvl + 1]
-            for jid, job in queue.items():
-                if started_only and job.first_scheduled_time is None:
+            if started_only:  # the runs of jobs that have not run, counted, not read
+                placed, size = queue.places(), len(queue)
+            else:
+                placed, size = list(enumerate(queue.walk(None))), 0
+            last = -1
+            for place, job in [*placed, (size, None)]:
+                for _ in range(place - last - 1):
                     ahead += 1  # as below, with no service yet: its whole quantum is left
                     rem_sum += max(quantum - 0.0, 0.0)
                     below_sum += below_next
-                    continue
+                last = place
+                if job is None:
+                    break
+                jid = job.job_id
                 t_exec = (rem_sum + ahead * below[lvl + 1] - below_sum) / batch_size
                 t_promote = self.starvation.time_left(jid, now) if lvl else float("inf")
                 out[jid] = min(t_exec, t_promote)

@@ -89,6 +89,8 @@ class Predictive(Policy):
         return self.walk(now, None)
 
     def walk(self, now: float, skip: WalkSkip | None) -> Iterator[Job]:
+        self._boosted.settle()
+        self._ranked.settle()
         self._promote(now)
         yield from self._boosted.walk(skip)
         yield from self._ranked.walk(skip)
@@ -107,6 +109,8 @@ class Predictive(Policy):
         self._ranked.start(job)
 
     def on_iteration(self, ran: list[Job], elapsed_s: float, now: float) -> None:
+        self._boosted.settle()
+        self._ranked.settle()
         for job in ran:
             jid = job.job_id
             if jid in self._jobs:

@@ -34,9 +34,10 @@ class _SortedPolicy(Policy):
         self._ranked.remove(job.job_id)
 
     def order(self, now: float) -> Iterable[Job]:
-        return self._ranked.walk(None)
+        return self.walk(now, None)
 
     def walk(self, now: float, skip: WalkSkip | None) -> Iterable[Job]:
+        self._ranked.settle()
         return self._ranked.walk(skip)
 
     def on_start(self, job: Job) -> None:

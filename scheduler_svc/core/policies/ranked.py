@@ -27,6 +27,8 @@ BUCKET = 64
 
 # The ``need`` of a job the walk never passes (a one-token prompt: it joins as a decode).
 ALWAYS = -(1 << 62)
+# A ``floor`` no job's need exceeds: the walk passes none.
+NEVER = 1 << 62
 
 
 class WalkSkip:
@@ -38,7 +40,7 @@ class WalkSkip:
     policy passes changes it)."""
 
     def __init__(self, claimed: set[int]):
-        self.floor = 0
+        self.floor = NEVER
         self.claimed = claimed
         self.passed = 0
 
@@ -171,16 +173,20 @@ def _guarded(guards: list[Key], lo: Key, hi: Key) -> bool:
 
 class Ranked:
     """A policy's live jobs by ``key``: the ones that have not run in ``Fresh`` (their keys
-    fixed), the rest sorted per walk. ``key`` must stay what it was for a job that has not
-    run until its ``start`` (a policy re-adds a job whose key it changes)."""
+    fixed), the rest sorted per Step. ``key`` must stay what it was for a job that has not
+    run until its ``start`` (a policy re-adds a job whose key it changes); the policy calls
+    ``settle`` before each walk and whenever keys of started jobs may have moved since."""
 
     def __init__(self, key: Callable[[Job], Key]):
         self.key = key
         self.fresh = Fresh()
         self.ran: dict[int, Job] = {}
-        # Started in the Step being formed, still in ``fresh`` (a walk may be reading it):
-        # moved to ``ran`` when the next walk begins.
+        # Started in the Step being formed, still in ``fresh`` (a walk may be reading it)
+        # with the key they had: moved to ``ran`` by ``settle``.
         self.starting: dict[int, Job] = {}
+        # ``ran`` sorted by key, from a walk until the next ``settle`` (keys of started jobs
+        # move between Steps, never during one): ENST's places read it again.
+        self._ran_sorted: list[tuple[Key, Job]] | None = None
 
     def __len__(self) -> int:
         return len(self.fresh) + len(self.ran)
@@ -191,46 +197,63 @@ class Ranked:
     def add(self, job: Job) -> None:
         if job.started:
             self.ran[job.job_id] = job
+            self._ran_sorted = None
         else:
             self.fresh.add(job, self.key(job))
 
     def remove(self, job_id: int) -> bool:
         """Take the job out; whether it was here."""
         self.starting.pop(job_id, None)
-        return self.ran.pop(job_id, None) is not None or self.fresh.remove(job_id)
+        if self.ran.pop(job_id, None) is not None:
+            self._ran_sorted = None
+            return True
+        return self.fresh.remove(job_id)
 
     def start(self, job: Job) -> None:
         """``job`` was planned for the first time (its key may move from the next Step on)."""
         if job.job_id in self.fresh.key_of:
             self.starting[job.job_id] = job
 
-    def _settle(self) -> None:
-        for jid, job in self.starting.items():
-            self.fresh.remove(jid)
-            self.ran[jid] = job
-        self.starting.clear()
+    def settle(self) -> None:
+        """Move the jobs started in the last Step out of ``fresh``: before a walk and when a
+        Step's results come (keys of started jobs move then), never during a walk."""
+        self._ran_sorted = None
+        if self.starting:
+            for jid, job in self.starting.items():
+                self.fresh.remove(jid)
+                self.ran[jid] = job
+            self.starting.clear()
 
     def _sorted(self, jobs: Iterable[Job]) -> list[tuple[Key, Job]]:
         key = self.key
         return sorted([(key(j), j) for j in jobs], key=_first)
 
-    def walk(self, skip: WalkSkip | None) -> Iterator[Job]:
-        """Every job, in key order (``skip``: see ``WalkSkip``)."""
-        self._settle()
-        return self.fresh.walk(self._sorted(self.ran.values()), skip)
+    def _ran_in_order(self) -> list[tuple[Key, Job]]:
+        if self._ran_sorted is None:
+            self._ran_sorted = self._sorted(self.ran.values())
+        return self._ran_sorted
 
-    def positions(self, offset: int) -> dict[int, int]:
-        """The place in the key order (plus ``offset``) of every job that has run or is
-        starting (those are still counted in ``fresh``)."""
+    def walk(self, skip: WalkSkip | None) -> Iterator[Job]:
+        """Every job, in key order (``skip``: see ``WalkSkip``); ``settle`` first."""
+        return self.fresh.walk(self._ran_in_order(), skip)
+
+    def places(self) -> list[tuple[int, Job]]:
+        """Every job that has run or is starting (those are still counted in ``fresh``)
+        with its place in the key order, in that order."""
         starting = self.starting
-        jobs = self._sorted([*self.ran.values(), *starting.values()])
+        jobs = (self._sorted([*self.ran.values(), *starting.values()]) if starting
+                else self._ran_in_order())
         below = self.fresh.count_below([k for k, _ in jobs])
-        out: dict[int, int] = {}
+        out: list[tuple[int, Job]] = []
         early = 0  # starting jobs ranked before this one (counted in ``below`` too)
         for i, ((_, j), n) in enumerate(zip(jobs, below)):
-            out[j.job_id] = offset + i + n - early
+            out.append((i + n - early, j))
             early += j.job_id in starting
         return out
+
+    def positions(self, offset: int) -> dict[int, int]:
+        """``places`` by job id, plus ``offset``."""
+        return {j.job_id: offset + i for i, j in self.places()}
 
 
 def _first(item: tuple[Key, Job]) -> Key:
