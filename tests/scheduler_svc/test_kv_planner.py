@@ -153,10 +153,9 @@ def test_mlfq_enst_follows_the_formula():
     pol = core.policy  # quanta 0.01, 0.02, 0.04
     for i in range(3):
         core.add(make_job(i, prompt_len=1, max_tokens=5), 0.0)
-    pol.level.update({0: 0, 1: 1, 2: 2})
-    for i in range(3):
-        pol._queues[0].pop(i)
-        pol._queues[pol.level[i]][i] = core.jobs[i]
+    for i in range(3):  # job i to the tail of queue i
+        pol._queues[0].remove(i)
+        pol._place(core.jobs[i], i)
     pol.service.update({0: 0.004, 1: 0.0, 2: 0.0})
     enst = pol.enst(0.0, 2, 0.01)
     assert enst[0] == 0.0

@@ -172,7 +172,8 @@ class SkipJoinMLFQ(Policy):
         full quanta of the queues from just below j's down to i's. One pass in priority order
         with running sums, so it costs O(live jobs). A job that has not run has had no
         service: under overload the queue is mostly such jobs, and with ``started_only`` each
-        costs three additions (the same ones, in the same order: the figures do not move).
+        costs three additions (the same ones, in the same order: the figures do not move),
+        its queue's runs of them counted from ``Ranked.places``, not read.
         """
         self._promote_starving(now)
         # below[l] = sum of the quanta of queues 0..l-1.

@@ -1,14 +1,15 @@
 """Live jobs in a policy's key order, kept between iterations, for the walk to pass over
 the ones that cannot run without reading them.
 
-A policy that ranks every job by a key (``predictive``, ``srpt-oracle``, ``fixed-priority``)
-used to sort all its live jobs every iteration, and the batcher's walk then read each one
-that ranked above a job it could run. Under overload most live jobs have never run, and
-their keys do not change until they do: they are kept here in key order, in buckets that
-know their smallest ``need`` (tokens of the prompt plus one, what a job that has not run
-needs blocks for), so the walk passes a whole bucket of jobs that cannot fit at one
-comparison (``WalkSkip``). The jobs that have run (their keys move as they make tokens) are
-sorted per walk; there are as many of them as the device and the store can hold.
+A policy that ranks every job by a key (``predictive``, ``srpt-oracle``, ``fixed-priority``;
+the MLFQs, whose key is a job's place in its queue) used to sort or chain all its live jobs
+every iteration, and the batcher's walk then read each one that ranked above a job it could
+run. Under overload most live jobs have never run, and their keys do not change until they
+do: they are kept here in key order, in buckets that know their smallest ``need`` (tokens of
+the prompt plus one, what a job that has not run needs blocks for), so the walk passes a
+whole bucket of jobs that cannot fit at one comparison (``WalkSkip``). The jobs that have
+run (their keys move as they make tokens) are sorted once per Step; there are as many of
+them as the device and the store can hold.
 """
 
 from __future__ import annotations
