@@ -88,13 +88,12 @@ class Batcher:
         # per iteration (FCFS walked it to the end: 0.1 ms per waiting job and iteration).
         # Only a new job behind a prefill that then fails to fit could have had tokens: 7 of
         # 28 policy pairs changed by under 1% on 500 overloaded requests, the MLFQs by none.
-
-        skip = WalkSkip(ledger.claimants())
-        skipping = policy.passes_new_jobs and not strict
+        skip = (WalkSkip(ledger.claimants()) if policy.passes_new_jobs and not strict
+                else None)
         walk = iter(policy.walk(now, skip))
         while True:
             # Where the walk stands now, for the policy to pass new jobs that cannot run.
-            if skipping:
+            if skip is not None:
                 skip.floor = (NEVER if len(commands) + len(prefills) >= max_batch
                               else self._floor(budget, started_seen == num_started, prefills,
                                                space, displaceable, claimed, step))
@@ -211,7 +210,7 @@ class Batcher:
                 self._add(job, n, step)
                 chosen.add(job.job_id)
                 budget -= n
-        step.passed = skip.passed
+        step.passed = skip.passed if skip is not None else 0
         # Priority order (for the policy's head return).
         plan.commands = sorted(commands, key=lambda c: rank[c.job_id])
         if not plan.commands:

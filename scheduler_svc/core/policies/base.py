@@ -27,6 +27,13 @@ def register(cls: type[Policy]) -> type[Policy]:
     return cls
 
 
+def enst_by_place(places: dict[int, int], batch_size: int,
+                  iteration_s: float) -> dict[int, float]:
+    """ENST of jobs at these places in the ranking: the jobs ahead of one fill
+    ``batch_size`` slots per iteration."""
+    return {jid: (i // batch_size) * iteration_s for jid, i in places.items()}
+
+
 def make_policy(config: SchedulerConfig, cost_model: CostModel | None = None) -> Policy:
     try:
         cls = POLICIES[config.policy]
@@ -105,9 +112,9 @@ class Policy(ABC):
         The KV planner offloads the largest and uploads the smallest. This default reads it
         off the ranking: the jobs ahead of a job fill ``batch_size`` slots per iteration.
         """
-        return {job.job_id: (i // batch_size) * iteration_s
-                for i, job in enumerate(self.order(now))
-                if not started_only or job.first_scheduled_time is not None}
+        return enst_by_place({job.job_id: i for i, job in enumerate(self.order(now))
+                              if not started_only or job.first_scheduled_time is not None},
+                             batch_size, iteration_s)
 
     @abstractmethod
     def queues(self) -> list[tuple[str, int]]:

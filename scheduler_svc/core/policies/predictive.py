@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.cost_model import CostModel
 from scheduler_svc.core.job import Job
-from scheduler_svc.core.policies.base import Policy, register
+from scheduler_svc.core.policies.base import Policy, enst_by_place, register
 from scheduler_svc.core.policies.ranked import Key, Ranked, WalkSkip
 from scheduler_svc.core.policies.starvation import StarvationClock
 
@@ -102,7 +102,7 @@ class Predictive(Policy):
         self._promote(now)
         places = self._boosted.positions(0)
         places.update(self._ranked.positions(len(self._boosted)))
-        return {jid: (i // batch_size) * iteration_s for jid, i in places.items()}
+        return enst_by_place(places, batch_size, iteration_s)
 
     def on_start(self, job: Job) -> None:
         self._boosted.start(job)

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.cost_model import CostModel
 from scheduler_svc.core.job import Job
-from scheduler_svc.core.policies.base import Policy, register
+from scheduler_svc.core.policies.base import Policy, enst_by_place, register
 from scheduler_svc.core.policies.ranked import Key, Ranked, WalkSkip
 
 
@@ -47,8 +47,7 @@ class _SortedPolicy(Policy):
              started_only: bool = False) -> dict[int, float]:
         if not started_only:
             return super().enst(now, batch_size, iteration_s)
-        return {jid: (i // batch_size) * iteration_s
-                for jid, i in self._ranked.positions(0).items()}
+        return enst_by_place(self._ranked.positions(0), batch_size, iteration_s)
 
     def queues(self) -> list[tuple[str, int]]:
         return [(self.name, len(self._ranked))]
