@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from fastserve.bench.capacity import saturated_throughput
 from fastserve.bench.prompts import ChatPrompt, Prompt, prompt_workload
 from fastserve.bench.replay import (
     PROMPT_TOKEN_RANGE,
@@ -360,6 +361,7 @@ def bench_summary(result: dict[str, Any], rate: float | None) -> dict[str, Any]:
     q = np.array([r["server_queue_time_s"] for r in reqs
                   if r.get("error") is None and r.get("server_queue_time_s") is not None])
     s["mean_server_queue_time_s"] = float(q.mean()) if len(q) else None
+    s.update(saturated_throughput(reqs))
     s.update(prediction_error(reqs))
     s["failures"] = dict(collections.Counter(
         _short(r["error"]) for r in reqs if r.get("error") is not None).most_common())
@@ -425,7 +427,7 @@ def format_table(summaries: Sequence[dict[str, Any]], baseline: str | None = "fc
     base = {s["rate"]: s for s in summaries if baseline and s["policy"] == baseline}
     head = (f"{'policy':<26} {'rate':>6} {'ok':>5} {'fail':>4} | {'JCT mean':>8} {'p50':>7} "
             f"{'p95':>7} {'p99':>7} | {'TTFT mean':>9} {'p95':>7} | {'ms/tok mean':>11} "
-            f"{'p95':>7} | {'tok/s':>7} {'req/s':>6}")
+            f"{'p95':>7} | {'tok/s':>7} {'req/s':>6} {'sat tok/s':>9}")
     if base:
         head += f" | {'JCT mean/' + str(baseline):>13} {'p95/' + str(baseline):>8}"
     lines = [head, "-" * len(head)]
@@ -440,12 +442,14 @@ def format_table(summaries: Sequence[dict[str, Any]], baseline: str | None = "fc
                f"{_fmt(s['mean_latency_per_token_s'], 1e3, 1):>11} "
                f"{_fmt(s['p95_latency_per_token_s'], 1e3, 1):>7} | "
                f"{_fmt(s['throughput_tokens_s'], digits=1):>7} "
-               f"{_fmt(s['throughput_requests_s']):>6}")
+               f"{_fmt(s['throughput_requests_s']):>6} "
+               f"{_fmt(s.get('saturated_tokens_s'), digits=1):>9}")
         if base:
             b = base.get(s["rate"])
             row += (f" | {_ratio(s, b, 'mean_jct_s'):>13} {_ratio(s, b, 'p95_jct_s'):>8}")
         lines.append(row)
-    lines.append("JCT and TTFT in s; ms/tok = JCT / output tokens, in ms")
+    lines.append("JCT and TTFT in s; ms/tok = JCT / output tokens, in ms; sat tok/s = tokens/s "
+                 "while requests queued (the capacity: fastserve/bench/capacity.py)")
     return "\n".join(lines)
 
 

@@ -88,3 +88,36 @@ def test_bench_serve_reports_an_unreachable_scheduler(tmp_path, capsys):
         bench_serve.STATUS_TIMEOUT_S = old
     assert rc == 1
     assert "cannot reach the scheduler" in capsys.readouterr().err
+
+
+def test_capacity_counts_the_tokens_made_while_requests_queued_not_the_drain():
+    from fastserve.bench.capacity import saturated_throughput, tokens_made
+
+    def rec(arrival, queued, first, finish, n):
+        return {"arrival": arrival, "server_queue_time_s": queued, "first_token": first,
+                "finish": finish, "input_tokens": 4, "output_tokens": n, "error": None}
+
+    # Two requests decode 0-10 s at 10 tokens/s each; a third waits 2-6 s, then decodes
+    # 6-10 s; the first's tail 10-20 s is the drain.
+    records = [rec(0.0, 0.0, 0.0, 20.0, 201), rec(0.0, 0.0, 0.0, 10.0, 101),
+               rec(2.0, 4.0, 6.0, 10.0, 41),
+               rec(1.0, None, None, None, 0) | {"error": "CANCELLED"}]
+    assert tokens_made(records[0], 2.0, 6.0) == pytest.approx(40.0)
+    assert tokens_made(records[2], 2.0, 6.0) == 0.0          # its first token is at the end
+    assert tokens_made(records[2], 2.0, 6.1) == pytest.approx(1.0 + 0.1 / 4 * 40)
+    s = saturated_throughput(records)
+    assert s["saturated_window_s"] == pytest.approx(4.0)
+    assert s["saturated_tokens_s"] == pytest.approx(20.0)     # 10 + 10 tokens/s, 2-6 s
+    assert saturated_throughput(records, min_wait_s=5.0)["saturated_tokens_s"] is None
+    summary = bench_serve.summarize_requests(records, "fcfs", 1.0)
+    assert summary["throughput_tokens_s"] == pytest.approx(343 / 20)  # the drain included
+
+
+def test_capacity_of_a_recorded_run_above_capacity_is_above_its_throughput():
+    import pathlib
+
+    path = pathlib.Path(__file__).parents[2] / "docs/bench-predictive/capacity/fcfs_rate2.json"
+    result = json.loads(path.read_text())
+    s = bench_serve.bench_summary({"policy": "fcfs", "requests": result["requests"]}, 2.0)
+    assert s["saturated_tokens_s"] > 1.04 * s["throughput_tokens_s"]
+    assert s["saturated_window_s"] < s["makespan_s"]
