@@ -2,6 +2,7 @@
 streams keep their pace (issue 13). Starts `fastserve serve` with the default model.
 
     python docs/bench-reliability/big_prompt.py [--port 50231] [--sender process|thread]
+        [--sender-nice 19]
 
 Prints the refusal time and, per stream, the median and largest gap between its chunks, the
 largest as a multiple of the median iteration.
@@ -10,6 +11,7 @@ largest as a multiple of the median iteration.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -38,9 +40,13 @@ def main() -> int:
     p.add_argument("--sender", choices=("thread", "process"), default="thread",
                    help="send the big prompt from a thread of the process that reads the streams "
                         "(default) or from a process of its own, started before")
+    p.add_argument("--sender-nice", type=int, default=0,
+                   help="with --sender process: its niceness (19 stands in for a sender on "
+                        "another host, whose CPU is not the worker's)")
     p.add_argument("--send-only", metavar="ADDRESS", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.send_only:
+        os.nice(args.sender_nice)
         sys.stdin.readline()
         refused, took = send_big(args.send_only)
         print(f"{refused}\t{took}")
@@ -75,7 +81,8 @@ def main() -> int:
             # the interpreter lock of the process that reads the four streams, and runs beside
             # it on the other core. Started now and told when to send, so its interpreter's
             # start-up is not measured.
-            sender = subprocess.Popen([sys.executable, __file__, "--send-only", address],
+            sender = subprocess.Popen([sys.executable, __file__, "--send-only", address,
+                                       "--sender-nice", str(args.sender_nice)],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         time.sleep(3.0)  # the streams are decoding
         start = time.perf_counter()
