@@ -17,10 +17,15 @@ every policy (``jct_cdf.png``), mean and p95 latency per token against the rate 
 are several rates (``latency_vs_rate.png``), ``summaries.json`` and one JSON per run with
 every request (``<policy>_rate<R>.json``, as `bench serve --json` writes).
 
+With ``--loads F,...`` the rates are fractions of FCFS's capacity on this workload, measured
+first: every request sent at once to an FCFS scheduler, its output tokens per second while
+requests queued (``saturated_tokens_s``, `fastserve.bench.capacity`) over the mean answer's
+length, written to ``capacity.json`` (and the run to ``fcfs_capacity.json``).
+
 With ``--prompts`` (natural lengths), ``srpt-oracle`` is told each answer's length as the first
-run at the same rate measured it (``output_length_hint``; put another policy before it): every
-request has its own sampling seed, so later runs draw the same answers, up to float ties
-between batch shapes.
+run at the same rate measured it (``output_length_hint``; put another policy before it, or use
+``--loads``, whose capacity run measures them): every request has its own sampling seed, so
+later runs draw the same answers, up to float ties between batch shapes.
 """
 
 from __future__ import annotations
@@ -34,10 +39,14 @@ import time
 from typing import Any
 
 from fastserve.bench import serve as bench_serve
+from fastserve.bench.capacity import MIN_WAIT_S
 from fastserve.bench.peers import peer_specs
 from fastserve.traces import describe
 
 DEFAULT_OUT_DIR = "bench-compare"
+# --loads: the capacity run sends the workload at this rate (requests/s), far above what any
+# cluster serves, so that nearly every request waits in the queue from the start.
+CAPACITY_PROBE_RATE = 1000.0
 
 
 def _float_list(text: str) -> list[float]:
@@ -75,6 +84,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rates", type=_float_list, default=None,
                    help="comma-separated arrival rates (requests/s); each is run for every "
                    "policy (overrides --rate)")
+    p.add_argument("--loads", type=_float_list, default=None,
+                   help="comma-separated fractions of FCFS's capacity, e.g. 0.85,1.5,3: the "
+                   "capacity is measured first (the workload sent at once to FCFS; output "
+                   "tokens/s while requests queued over the mean answer), and each load is "
+                   "run at that fraction of it (instead of --rate/--rates)")
     p.add_argument("--model", default=None, help="model (default: the default model)")
     p.add_argument("--device", default="cpu", help="torch device of the worker")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -194,9 +208,17 @@ def run(args: argparse.Namespace) -> int:
     if not args.policies and not peers:
         print("error: nothing to compare: give --policies, --peer or both", file=sys.stderr)
         return 2
+    if args.loads and (args.rates or args.rate is not None):
+        print("error: --loads sets the rates from the measured capacity; give it without "
+              "--rate and --rates", file=sys.stderr)
+        return 2
     rates: list[float | None] = list(args.rates) if args.rates else [args.rate]
     try:
-        workloads = {rate: bench_serve.workload_from_args(args, rate) for rate in rates}
+        if args.loads:  # the capacity run's workload; the loads' come once it is measured
+            workloads = {CAPACITY_PROBE_RATE: bench_serve.workload_from_args(
+                args, CAPACITY_PROBE_RATE)}
+        else:
+            workloads = {rate: bench_serve.workload_from_args(args, rate) for rate in rates}
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -219,6 +241,8 @@ def run(args: argparse.Namespace) -> int:
         summary["policy"] = name  # the name asked for, even if Status says otherwise
         summary["scheduler_policy"] = result["policy"]
         summary["wall_s"] = time.monotonic() - started
+        if rate in loads:
+            summary["load"] = config["load"] = loads[rate]
         summaries.append(summary)
         jcts.setdefault(rate, {})[name] = bench_serve.jcts(result["requests"])
         bench_serve.write_json(str(out_dir / f"{name}_rate{_rate_tag(rate)}.json"), {
@@ -228,7 +252,18 @@ def run(args: argparse.Namespace) -> int:
     # Output lengths the model chose in the first run at each rate of a prompt workload: the
     # srpt-oracle policy is told them (runs after it sample the same: one seed per request).
     measured: dict[float | None, list[int | None]] = {}
+    loads: dict[float | None, float] = {}  # rate -> the fraction of capacity it is
     try:
+        if args.loads:
+            capacity = _measure_capacity(args, cluster, *workloads[CAPACITY_PROBE_RATE],
+                                         out_dir, model)
+            if capacity is None:
+                return 2
+            rates = [round(f * capacity["capacity_req_s"], 4) for f in args.loads]
+            loads = dict(zip(rates, args.loads))
+            workloads = {rate: bench_serve.workload_from_args(args, rate) for rate in rates}
+            if args.prompts:  # one seed per request: the same answers at every rate
+                measured = dict.fromkeys(rates, capacity["output_tokens"])
         for rate, (trace, prompts) in workloads.items():
             info = infos[rate] = describe(trace)
             label = rate if rate is not None else info.get("mean_rate")
@@ -295,6 +330,56 @@ def run(args: argparse.Namespace) -> int:
     for error in errors:
         print(f"error: {error}", file=sys.stderr)
     return 0 if not errors and all(s["num_failed"] == 0 for s in summaries) else 1
+
+
+def _measure_capacity(args: argparse.Namespace, cluster: _Cluster, trace: list,
+                      prompts: list, out_dir: pathlib.Path, model: str
+                      ) -> dict[str, Any] | None:
+    """FCFS's capacity on this workload (every request sent at once): output tokens/s while
+    requests queued, over the mean answer's length, in requests/s; written to
+    ``capacity.json``. None, said why, when no request queued long enough to measure it."""
+    kv_policy = (args.kv_policies or [None])[0]
+    started = time.monotonic()
+    try:
+        address = cluster.start("fcfs", kv_policy)
+        result = bench_serve.replay(
+            address, trace, prompts, timeout_s=args.timeout_s, warmup=args.warmup,
+            progress=not args.no_progress, desc="fcfs capacity (all at once)")
+    finally:
+        cluster.stop_scheduler()
+    summary = bench_serve.bench_summary(result, CAPACITY_PROBE_RATE)
+    summary["policy"], summary["wall_s"] = "fcfs-capacity", time.monotonic() - started
+    bench_serve.write_json(str(out_dir / "fcfs_capacity.json"), {
+        "summary": summary, "requests": result["requests"], "trace": describe(trace),
+        "config": _config(args, CAPACITY_PROBE_RATE, model, cluster, "fcfs",
+                          result["status"])})
+    done = [r for r in result["requests"] if r.get("error") is None]
+    tokens_s = summary.get("saturated_tokens_s")
+    if summary["num_failed"] or not done:
+        print(f"error: the capacity run failed {summary['num_failed']} of {len(trace)} "
+              f"requests ({summary.get('failures')}); see {out_dir / 'fcfs_capacity.json'}",
+              file=sys.stderr)
+        return None
+    if not tokens_s:
+        print(f"error: no request of the capacity run waited {MIN_WAIT_S:g} s in the queue, "
+              f"so {len(trace)} requests do not saturate this cluster: give more requests "
+              "(--num-requests) or a smaller --max-batch-size", file=sys.stderr)
+        return None
+    mean_output = sum(r["output_tokens"] for r in done) / len(done)
+    capacity = {
+        "saturated_tokens_s": tokens_s, "saturated_window_s": summary["saturated_window_s"],
+        "mean_output_tokens": mean_output, "capacity_req_s": tokens_s / mean_output,
+        "loads": {f"{f:g}": round(f * tokens_s / mean_output, 4) for f in args.loads},
+        "num_requests": len(trace), "throughput_tokens_s": summary["throughput_tokens_s"],
+        "output_tokens": [r["output_tokens"] if r.get("error") is None else None
+                          for r in result["requests"]]}
+    bench_serve.write_json(str(out_dir / "capacity.json"), capacity)
+    print(f"capacity (fcfs, {len(trace)} requests at once): {tokens_s:.1f} output tokens/s "
+          f"while requests queued ({summary['throughput_tokens_s']:.1f} over the run), "
+          f"{mean_output:.0f} tokens per answer: {capacity['capacity_req_s']:.4g} req/s; "
+          + ", ".join(f"load {f} -> {r:g} req/s" for f, r in capacity["loads"].items()),
+          flush=True)
+    return capacity
 
 
 def _with_hints(prompts: list, lengths: list[int | None] | None) -> list:

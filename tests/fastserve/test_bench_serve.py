@@ -76,6 +76,53 @@ def test_bench_compare_end_to_end(tiny_tok_model, tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_bench_compare_runs_at_fractions_of_the_capacity_it_measures(tiny_tok_model,
+                                                                     tmp_path, capsys):
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(
+        json.dumps({"arrival_s": i, "input_tokens": 8, "output_tokens": 30}) + "\n"
+        for i in range(24)))
+    out_dir, out = tmp_path / "out", tmp_path / "summaries.json"
+    rc = main(["--log-level", "WARNING", "bench", "compare", "--policies", "fcfs",
+               "--trace", str(trace), "--model", str(tiny_tok_model), "--kv-blocks", "256",
+               "--max-batch-size", "1", "--no-kvstore", "--loads", "0.5", "--out-dir",
+               str(out_dir), "--json", str(out), "--no-progress", "--no-plots",
+               "--timeout-s", "120"])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    capacity = json.loads((out_dir / "capacity.json").read_text())
+    probe = json.loads((out_dir / "fcfs_capacity.json").read_text())
+    assert len(probe["requests"]) == 24 and probe["summary"]["num_failed"] == 0
+    # Sent at once to a batch of one: the queue was never empty until the last started.
+    assert probe["summary"]["saturated_tokens_s"] == capacity["saturated_tokens_s"] > 0
+    assert capacity["mean_output_tokens"] == 30
+    assert capacity["capacity_req_s"] == pytest.approx(capacity["saturated_tokens_s"] / 30)
+    rate = round(0.5 * capacity["capacity_req_s"], 4)
+    assert capacity["loads"] == {"0.5": rate}
+    [summary] = json.loads(out.read_text())
+    assert (summary["rate"], summary["load"], summary["num_failed"]) == (rate, 0.5, 0)
+    run = json.loads((out_dir / f"fcfs_rate{rate:g}.json").read_text())
+    assert run["config"]["load"] == 0.5
+    # Poisson arrivals at half the capacity: the 24 span about 24 / rate seconds.
+    arrivals = [r["arrival"] for r in run["requests"]]
+    assert 0.4 * 24 / rate < max(arrivals) - min(arrivals) < 2.0 * 24 / rate
+    assert f"load 0.5 -> {rate:g} req/s" in printed
+
+
+def test_loads_are_exclusive_with_rates(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"arrival_s": 0, "input_tokens": 4, "output_tokens": 2}\n')
+    for extra in (["--rate", "1"], ["--rates", "1,2"]):
+        rc = main(["bench", "compare", "--policies", "fcfs", "--trace", str(trace),
+                   "--loads", "0.85", *extra])
+        assert rc == 2
+        assert "--loads sets the rates" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", "compare", "--policies", "fcfs", "--trace", str(trace),
+              "--loads", "0"])
+    assert "expected positive numbers" in capsys.readouterr().err
+
+
 def test_bench_serve_reports_an_unreachable_scheduler(tmp_path, capsys):
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"arrival_s": 0, "input_tokens": 4, "output_tokens": 2}\n')
