@@ -39,7 +39,7 @@ import time
 from typing import Any
 
 from fastserve.bench import serve as bench_serve
-from fastserve.bench.capacity import MIN_WAIT_S
+from fastserve.bench.capacity import MIN_WAIT_S, saturated_throughput
 from fastserve.bench.peers import peer_specs
 from fastserve.traces import describe
 
@@ -57,6 +57,11 @@ def _float_list(text: str) -> list[float]:
     if not values or min(values) <= 0:
         raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
     return values
+
+
+def _positive(text: str) -> float:
+    [value] = _float_list(text)
+    return value
 
 
 def _name_list(text: str) -> list[str]:
@@ -89,6 +94,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "capacity is measured first (the workload sent at once to FCFS; output "
                    "tokens/s while requests queued over the mean answer), and each load is "
                    "run at that fraction of it (instead of --rate/--rates)")
+    p.add_argument("--capacity-min-wait", type=_positive, default=MIN_WAIT_S, metavar="S",
+                   help="with --loads: the wait in the server's queue that marks a request of "
+                   "the capacity run as having found the cluster full (default %(default)g s; "
+                   "lower it for a cluster that serves the whole workload in a few seconds)")
     p.add_argument("--model", default=None, help="model (default: the default model)")
     p.add_argument("--device", default="cpu", help="torch device of the worker")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -348,6 +357,8 @@ def _measure_capacity(args: argparse.Namespace, cluster: _Cluster, trace: list,
     finally:
         cluster.stop_scheduler()
     summary = bench_serve.bench_summary(result, CAPACITY_PROBE_RATE)
+    summary.update(saturated_throughput(result["requests"], args.capacity_min_wait))
+    summary["capacity_min_wait_s"] = args.capacity_min_wait
     summary["policy"], summary["wall_s"] = "fcfs-capacity", time.monotonic() - started
     bench_serve.write_json(str(out_dir / "fcfs_capacity.json"), {
         "summary": summary, "requests": result["requests"], "trace": describe(trace),
@@ -361,13 +372,15 @@ def _measure_capacity(args: argparse.Namespace, cluster: _Cluster, trace: list,
               file=sys.stderr)
         return None
     if not tokens_s:
-        print(f"error: no request of the capacity run waited {MIN_WAIT_S:g} s in the queue, "
-              f"so {len(trace)} requests do not saturate this cluster: give more requests "
-              "(--num-requests) or a smaller --max-batch-size", file=sys.stderr)
+        print(f"error: no request of the capacity run waited {args.capacity_min_wait:g} s in "
+              f"the queue, so {len(trace)} requests do not saturate this cluster: give more "
+              "requests (--num-requests), a smaller --max-batch-size or a shorter "
+              "--capacity-min-wait", file=sys.stderr)
         return None
     mean_output = sum(r["output_tokens"] for r in done) / len(done)
     capacity = {
         "saturated_tokens_s": tokens_s, "saturated_window_s": summary["saturated_window_s"],
+        "min_wait_s": args.capacity_min_wait,
         "mean_output_tokens": mean_output, "capacity_req_s": tokens_s / mean_output,
         "loads": {f"{f:g}": round(f * tokens_s / mean_output, 4) for f in args.loads},
         "num_requests": len(trace), "throughput_tokens_s": summary["throughput_tokens_s"],

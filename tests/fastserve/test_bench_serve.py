@@ -80,14 +80,16 @@ def test_bench_compare_runs_at_fractions_of_the_capacity_it_measures(tiny_tok_mo
                                                                      tmp_path, capsys):
     trace = tmp_path / "trace.jsonl"
     trace.write_text("".join(
-        json.dumps({"arrival_s": i, "input_tokens": 8, "output_tokens": 30}) + "\n"
+        json.dumps({"arrival_s": i, "input_tokens": 8, "output_tokens": 60}) + "\n"
         for i in range(24)))
     out_dir, out = tmp_path / "out", tmp_path / "summaries.json"
+    # 1,440 iterations of a tiny model, about 2 s here: a request queued a quarter of a second
+    # found the batch of one full (the default second is for real models).
     rc = main(["--log-level", "WARNING", "bench", "compare", "--policies", "fcfs",
                "--trace", str(trace), "--model", str(tiny_tok_model), "--kv-blocks", "256",
-               "--max-batch-size", "1", "--no-kvstore", "--loads", "0.5", "--out-dir",
-               str(out_dir), "--json", str(out), "--no-progress", "--no-plots",
-               "--timeout-s", "120"])
+               "--max-batch-size", "1", "--no-kvstore", "--loads", "0.5",
+               "--capacity-min-wait", "0.25", "--out-dir", str(out_dir), "--json", str(out),
+               "--no-progress", "--no-plots", "--timeout-s", "120"])
     printed = capsys.readouterr().out
     assert rc == 0, printed
     capacity = json.loads((out_dir / "capacity.json").read_text())
@@ -95,8 +97,14 @@ def test_bench_compare_runs_at_fractions_of_the_capacity_it_measures(tiny_tok_mo
     assert len(probe["requests"]) == 24 and probe["summary"]["num_failed"] == 0
     # Sent at once to a batch of one: the queue was never empty until the last started.
     assert probe["summary"]["saturated_tokens_s"] == capacity["saturated_tokens_s"] > 0
-    assert capacity["mean_output_tokens"] == 30
-    assert capacity["capacity_req_s"] == pytest.approx(capacity["saturated_tokens_s"] / 30)
+    assert probe["summary"]["capacity_min_wait_s"] == capacity["min_wait_s"] == 0.25
+    waited = [r for r in probe["requests"] if r["server_queue_time_s"] >= 0.25]
+    assert len(waited) >= 6
+    assert capacity["saturated_window_s"] == pytest.approx(
+        max(r["arrival"] + r["server_queue_time_s"] for r in waited)
+        - min(r["arrival"] for r in waited))
+    assert capacity["mean_output_tokens"] == 60
+    assert capacity["capacity_req_s"] == pytest.approx(capacity["saturated_tokens_s"] / 60)
     rate = round(0.5 * capacity["capacity_req_s"], 4)
     assert capacity["loads"] == {"0.5": rate}
     [summary] = json.loads(out.read_text())
@@ -117,10 +125,10 @@ def test_loads_are_exclusive_with_rates(tmp_path, capsys):
                    "--loads", "0.85", *extra])
         assert rc == 2
         assert "--loads sets the rates" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main(["bench", "compare", "--policies", "fcfs", "--trace", str(trace),
-              "--loads", "0"])
-    assert "expected positive numbers" in capsys.readouterr().err
+    for bad in (["--loads", "0"], ["--loads", "0.85", "--capacity-min-wait", "-1"]):
+        with pytest.raises(SystemExit):
+            main(["bench", "compare", "--policies", "fcfs", "--trace", str(trace), *bad])
+        assert "expected positive numbers" in capsys.readouterr().err
 
 
 def test_bench_serve_reports_an_unreachable_scheduler(tmp_path, capsys):
