@@ -39,7 +39,7 @@ import time
 from typing import Any
 
 from fastserve.bench import serve as bench_serve
-from fastserve.bench.capacity import MIN_WAIT_S, saturated_throughput
+from fastserve.bench.capacity import MIN_WAIT_S
 from fastserve.bench.peers import peer_specs
 from fastserve.traces import describe
 
@@ -356,8 +356,7 @@ def _measure_capacity(args: argparse.Namespace, cluster: _Cluster, trace: list,
             progress=not args.no_progress, desc="fcfs capacity (all at once)")
     finally:
         cluster.stop_scheduler()
-    summary = bench_serve.bench_summary(result, CAPACITY_PROBE_RATE)
-    summary.update(saturated_throughput(result["requests"], args.capacity_min_wait))
+    summary = bench_serve.bench_summary(result, CAPACITY_PROBE_RATE, args.capacity_min_wait)
     summary["capacity_min_wait_s"] = args.capacity_min_wait
     summary["policy"], summary["wall_s"] = "fcfs-capacity", time.monotonic() - started
     bench_serve.write_json(str(out_dir / "fcfs_capacity.json"), {
@@ -378,11 +377,12 @@ def _measure_capacity(args: argparse.Namespace, cluster: _Cluster, trace: list,
               "--capacity-min-wait", file=sys.stderr)
         return None
     mean_output = sum(r["output_tokens"] for r in done) / len(done)
+    req_s = tokens_s / mean_output
     capacity = {
         "saturated_tokens_s": tokens_s, "saturated_window_s": summary["saturated_window_s"],
         "min_wait_s": args.capacity_min_wait,
-        "mean_output_tokens": mean_output, "capacity_req_s": tokens_s / mean_output,
-        "loads": {f"{f:g}": round(f * tokens_s / mean_output, 4) for f in args.loads},
+        "mean_output_tokens": mean_output, "capacity_req_s": req_s,
+        "loads": {f"{f:g}": round(f * req_s, 4) for f in args.loads},
         "num_requests": len(trace), "throughput_tokens_s": summary["throughput_tokens_s"],
         "output_tokens": [r["output_tokens"] if r.get("error") is None else None
                           for r in result["requests"]]}

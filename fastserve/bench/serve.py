@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from fastserve.bench.capacity import saturated_throughput
+from fastserve.bench.capacity import MIN_WAIT_S, saturated_throughput
 from fastserve.bench.prompts import ChatPrompt, Prompt, prompt_workload
 from fastserve.bench.replay import (
     PROMPT_TOKEN_RANGE,
@@ -349,9 +349,10 @@ def summarize_requests(records: Sequence[dict[str, Any]], policy: str,
     return {**{k: s[k] for k in SUMMARY_KEYS}, **s}
 
 
-def bench_summary(result: dict[str, Any], rate: float | None) -> dict[str, Any]:
+def bench_summary(result: dict[str, Any], rate: float | None,
+                  min_wait_s: float = MIN_WAIT_S) -> dict[str, Any]:
     """``summarize_requests`` plus what only a real replay has: send lag, server timings,
-    failures."""
+    failures, the capacity while requests waited ``min_wait_s`` or more in the queue."""
     reqs = result["requests"]
     s = summarize_requests(reqs, result["policy"], rate)
     lag = np.array([r["sent"] - r["arrival"] for r in reqs if r.get("sent") is not None])
@@ -361,7 +362,7 @@ def bench_summary(result: dict[str, Any], rate: float | None) -> dict[str, Any]:
     q = np.array([r["server_queue_time_s"] for r in reqs
                   if r.get("error") is None and r.get("server_queue_time_s") is not None])
     s["mean_server_queue_time_s"] = float(q.mean()) if len(q) else None
-    s.update(saturated_throughput(reqs))
+    s.update(saturated_throughput(reqs, min_wait_s))
     s.update(prediction_error(reqs))
     s["failures"] = dict(collections.Counter(
         _short(r["error"]) for r in reqs if r.get("error") is not None).most_common())
