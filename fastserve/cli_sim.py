@@ -112,6 +112,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--predictions", default=None, metavar="FILE",
                    help="recorded predicted output lengths instead: one line per request of the "
                         "trace, in its order, a number or {\"predicted_output_tokens\": N}")
+    p.add_argument("--prediction-refresh", type=int, default=0, metavar="N",
+                   help="predict as the worker's probe does: nothing before a job's first "
+                        "token, then at it and every N tokens after, the true remaining "
+                        "length times the job's own error (default 0: once, at arrival)")
+    p.add_argument("--predict-at-arrival", action="store_true",
+                   help="with --prediction-refresh: the first prediction at arrival too, as if "
+                        "the prompt alone predicted as well as the probe's first estimate")
     p.add_argument("--slo-search", default=None, type=_float_list, metavar="R1,R2,...",
                    help="also search throughput at the SLO over these rates (requests/s)")
     p.add_argument("--slo", type=float, default=None, metavar="S",
@@ -280,6 +287,8 @@ def run(args: argparse.Namespace) -> int:
            "block_size": args.block_size, "max_context": args.max_context,
            "store_blocks": args.store_blocks, "prediction_sigma": args.prediction_sigma,
            "prediction_seed": args.seed, "predictions": predictions,
+           "prediction_refresh": args.prediction_refresh,
+           "predict_at_arrival": args.predict_at_arrival,
            "replicas": args.replicas}
 
     rows: list[dict] = []

@@ -292,7 +292,7 @@ class GroupCore:
     def _predicted(job: Job, remaining: float) -> None:
         """The worker's estimate of the tokens still to come, as a total within the cap. A
         job still running makes at least one more token (its end-of-sequence one)."""
-        total = min(len(job.output) + max(remaining, 1.0), float(job.max_tokens))
+        total = min(len(job.output) + max(remaining, 1.0), float(job.output_cap))
         job.predicted_output_tokens = total
         if job.first_predicted_output_tokens is None:
             job.first_predicted_output_tokens = total

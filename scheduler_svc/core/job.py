@@ -90,6 +90,14 @@ class Job:
     first_predicted_output_tokens: float | None = None
     # The client's stated answer length (a benchmark's oracle); read by ``srpt-oracle`` only.
     output_length_hint: int | None = None
+    # What bounds the answer for a predictor: max_tokens, unless set (the simulator ends a
+    # job at its true length through max_tokens, and states the real bound here).
+    length_cap: int | None = None
+
+    @property
+    def output_cap(self) -> int:
+        """The most output tokens this job could make, as far as a predictor may know."""
+        return self.max_tokens if self.length_cap is None else self.length_cap
 
     @property
     def num_tokens(self) -> int:

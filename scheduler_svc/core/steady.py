@@ -64,10 +64,12 @@ def _crossings(batch: list[Job], k: int, block_size: int) -> int:
 
 
 def window(core: GroupCore, iteration_s: float, start: float, next_arrival: float,
-           token: int) -> list[float]:
+           token: int, at_most: int | None = None) -> list[float]:
     """Start times of the next iterations (the first at ``start``, each ``iteration_s`` long)
     that would each run the last plan's batch again, one decode per job, if no job arrived
-    before ``next_arrival``. Empty when none can be told."""
+    before ``next_arrival``; at most ``at_most`` of them (the caller's own bound: a worker
+    answer that could change a job's rank, such as a new prediction). Empty when none can be
+    told."""
     batch = _batch(core)
     if (batch is None or core.num_in_flight or core.has_pending_frees
             or core.policy_moved_since_plan):  # e.g. its update demoted a job
@@ -83,6 +85,8 @@ def window(core: GroupCore, iteration_s: float, start: float, next_arrival: floa
     limit = min(1 if not job.ignore_eos and token in job.eos_token_ids
                 else min(job.max_tokens - len(job.output), core.max_context - job.num_tokens)
                 for job in batch)  # a job finishes in the window's last iteration at most
+    if at_most is not None:
+        limit = min(limit, at_most)
     starts: list[float] = []
     s = start
     while len(starts) < limit:

@@ -171,6 +171,8 @@ def simulate(
     predictions: Sequence[float] | None = None,
     fast_forward: bool = True,
     replicas: int = 1,
+    prediction_refresh: int = 0,
+    predict_at_arrival: bool = False,
 ) -> SimResult:
     """Run ``requests`` through a ``GroupCore`` with ``config.policy`` on one simulated worker
     (``replicas`` of them: each request joins the least loaded when it arrives, as the
@@ -190,6 +192,13 @@ def simulate(
     with ``prediction_seed``), for policies that read predictions (``predictive``); 0 is a
     perfect predictor, None gives none. ``predictions``: recorded predicted output lengths
     instead, one per request of ``requests`` in its order (a predictor's, say).
+    ``prediction_refresh`` N > 0: predict as the worker's probe does (``worker_svc/predictor.py``)
+    instead of once at arrival: nothing until a job's first token, then with its 1st, N+1-th,
+    2N+1-th... token the tokens still to come, its true remaining times the job's own ratio
+    (predicted / true length from ``prediction_sigma`` or ``predictions``), so one job's error
+    keeps its sign and relative size while the estimate follows what is left.
+    ``predict_at_arrival`` with it: the first prediction at arrival too, as if a predictor as
+    good as the probe's first estimate read the prompt (what such a predictor would be worth).
 
     ``cost_model`` may be split over a group (``CostModel.split``): its times are then the
     group's, and with ``pipeline_parallel`` P > 1 up to P plans are in flight per group
@@ -219,12 +228,24 @@ def simulate(
         raise ValueError("give prediction_sigma or predictions, not both")
     if predictions is not None and not all(p > 0 and math.isfinite(p) for p in predictions):
         raise ValueError("predictions must be finite and > 0")
+    if prediction_refresh < 0:
+        raise ValueError(f"prediction_refresh must be >= 0, got {prediction_refresh}")
+    if prediction_refresh and prediction_sigma is None and predictions is None:
+        raise ValueError("prediction_refresh needs prediction_sigma or predictions")
+    if predict_at_arrival and not prediction_refresh:
+        raise ValueError("predict_at_arrival is for prediction_refresh (without it every "
+                         "prediction is made at arrival)")
     specs, skipped, clipped = _fit(requests, max_context, predictions)
     predicted: list[float | None] = [s.predicted for s in specs]
     if prediction_sigma is not None:
         noise = random.Random(prediction_seed)
         predicted = [s.output_tokens * math.exp(noise.gauss(0.0, prediction_sigma))
                      for s in specs]
+    # With refreshes: each job's predicted / true ratio, and no prediction at arrival.
+    ratio = ([p / s.output_tokens if p is not None else 1.0 for p, s in zip(predicted, specs)]
+             if prediction_refresh else [])
+    if prediction_refresh and not predict_at_arrival:
+        predicted = [None] * len(specs)
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
     stages = cost_model.pipeline_parallel
@@ -258,8 +279,10 @@ def simulate(
             prompt = prompts.get(s.input_tokens)
             if prompt is None:  # one list per length: a million prompts would not fit
                 prompt = prompts[s.input_tokens] = [1] * s.input_tokens
+            # It ends at its true length (max_tokens); a predictor knows only the context.
             job = Job(next_i, prompt, s.output_tokens, s.arrival_s,
-                      ignore_eos=True, predicted_output_tokens=predicted[next_i])
+                      ignore_eos=True, predicted_output_tokens=predicted[next_i],
+                      length_cap=max_context - s.input_tokens)
             g = groups[0] if replicas == 1 else min(
                 groups, key=lambda h: (h.core.load(), groups.index(h)))
             g.core.add(job, s.arrival_s)
@@ -284,7 +307,28 @@ def simulate(
         """The mean latency per token every request is certain to exceed at time ``t``."""
         return (done_per_token + t * live_inv - live_arr) / num_specs
 
-    def answer(plan: StepPlan) -> tuple[list[TokenResult], float]:
+    def refreshed(core: GroupCore, job_id: int) -> float | None:
+        """The predicted tokens still to come after the token this job samples now, when
+        the probe would predict at it (``prediction_refresh``)."""
+        if not prediction_refresh:
+            return None
+        made = len(core.jobs[job_id].output) + 1
+        if (made - 1) % prediction_refresh:
+            return None
+        return (specs[job_id].output_tokens - made) * ratio[job_id]
+
+    def before_refresh(core: GroupCore) -> int | None:
+        """Iterations the last plan's batch can repeat before one of its jobs samples a
+        token that is predicted at (that one goes through ``answer``); None: no bound."""
+        plan = core.repeatable_plan
+        if not prediction_refresh or plan is None:
+            return None
+        jobs, n = core.jobs, prediction_refresh
+        # The next token g > made with (g - 1) % n == 0 comes in (-made) % n + 1 iterations.
+        return min(((-len(job.output)) % n if (job := jobs.get(c.job_id)) is not None else 0)
+                   for c in plan.commands)
+
+    def answer(plan: StepPlan, core: GroupCore) -> tuple[list[TokenResult], float]:
         """A worker's answer to ``plan`` and its compute time: a job samples in the iteration
         that computes its last known token (the command says which); a plan of only frees
         and swaps computes nothing."""
@@ -297,7 +341,9 @@ def simulate(
             else:
                 prefill_tokens += n
             results.append(TokenResult(cmd.job_id, cmd.num_computed,
-                                       SIM_TOKEN if cmd.samples else None))
+                                       SIM_TOKEN if cmd.samples else None,
+                                       predicted_remaining=(refreshed(core, cmd.job_id)
+                                                            if cmd.samples else None)))
         if not plan.commands:
             return results, 0.0
         key = (num_decodes, prefill_tokens)
@@ -363,7 +409,7 @@ def simulate(
             g.num_idle_plans = g.num_idle_plans + 1 if stuck else 0
             if g.num_idle_plans > MAX_IDLE_PLANS:
                 raise _stalled(core, at, config)
-            results, t = answer(plan)
+            results, t = answer(plan, core)
             wait = g.swap_wait(plan, at, swap_time, block_size)
             if plan.commands:
                 num_iterations += 1
@@ -399,7 +445,7 @@ def simulate(
         g.num_idle_plans = g.num_idle_plans + 1 if not plan.commands and core.jobs else 0
         if g.num_idle_plans > MAX_IDLE_PLANS:
             raise _stalled(core, now, config)
-        results, t = answer(plan)
+        results, t = answer(plan, core)
         wait = g.swap_wait(plan, now, swap_time, block_size)
         if plan.commands:
             num_iterations += 1
@@ -419,7 +465,7 @@ def simulate(
         horizon = specs[next_i].arrival_s if next_i < num_specs else math.inf
         if replicas > 1:
             horizon = min([horizon, *(h.now for h in groups if h is not g and h.core.jobs)])
-        starts = (window(core, t, now, horizon, SIM_TOKEN)
+        starts = (window(core, t, now, horizon, SIM_TOKEN, before_refresh(core))
                   if fast_forward and not stopping else [])
         if starts:
             # Arrivals during the window are admitted as the service would, before the

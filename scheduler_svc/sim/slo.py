@@ -54,6 +54,8 @@ def throughput_at_slo(
     prediction_seed: int = 0,
     predictions: Sequence[float] | None = None,
     replicas: int = 1,
+    prediction_refresh: int = 0,
+    predict_at_arrival: bool = False,
 ) -> SloSearch:
     """The highest arrival rate whose mean latency per output token stays under the SLO.
 
@@ -71,7 +73,9 @@ def throughput_at_slo(
                           max_context=max_context, rate=rate, progress=progress,
                           store_blocks=store_blocks, stop_above_s_per_token=slo,
                           prediction_sigma=prediction_sigma, prediction_seed=prediction_seed,
-                          predictions=predictions, replicas=replicas)
+                          predictions=predictions, replicas=replicas,
+                          prediction_refresh=prediction_refresh,
+                          predict_at_arrival=predict_at_arrival)
         if result.stopped_at_s_per_token is not None:  # a certain miss, ended early
             search.curve.append(SloPoint(rate, result.stopped_at_s_per_token, False, {},
                                          lower_bound=True))

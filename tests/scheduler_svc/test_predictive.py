@@ -4,6 +4,7 @@ predictions it is evaluated with."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -149,3 +150,51 @@ def test_the_oracle_reads_the_clients_hint_before_the_cap():
     core.add(make_job(1, max_tokens=50), 0.0)
     core.add(make_job(2, max_tokens=100, output_length_hint=10), 0.0)
     assert [j.job_id for j in core.policy.order(0.0)] == [2, 0, 1]
+
+
+def test_the_simulated_worker_predicts_at_the_first_token_and_every_refresh(monkeypatch):
+    """``prediction_refresh``: no prediction at arrival; one with the 1st, 17th, 33rd... token,
+    the true remaining times the job's own ratio, never past the context (not the job's true
+    length, which the simulator ends it at); fast-forwarded runs stop at each."""
+    from test_simulator import make_requests
+
+    from scheduler_svc.core.group import GroupCore
+    from scheduler_svc.sim.simulator import simulate as sim
+
+    seen: dict[int, list[tuple[int, float, float]]] = {}  # (made, remaining, total)
+    real = GroupCore._predicted
+
+    def spy(job, remaining):
+        real(job, remaining)
+        seen.setdefault(job.job_id, []).append((len(job.output), remaining,
+                                                job.predicted_output_tokens))
+
+    monkeypatch.setattr(GroupCore, "_predicted", staticmethod(spy))
+    reqs = make_requests(30, rate=5.0)
+    for policy in ("fcfs", "predictive"):  # fcfs fast-forwards decode runs
+        seen.clear()
+        result = sim(reqs, config=SchedulerConfig(policy=policy, max_batch_size=4),
+                     cost_model=LINEAR, num_blocks=512, prediction_sigma=0.0,
+                     prediction_refresh=16)
+        assert len(result.records) == len(reqs) and len(seen) == len(reqs)
+        for jid, preds in seen.items():
+            n = reqs[jid].output_tokens  # make_requests arrive in order: job id = index
+            assert [made for made, _, _ in preds] == list(range(1, n + 1, 16)), (policy, jid)
+            assert all(rem == n - made for made, rem, _ in preds)  # sigma 0: exact
+    # An overestimate is kept past the true length (the simulated job's max_tokens), within
+    # the context: twice the truth, recorded, gives twice what is left at every refresh.
+    seen.clear()
+    config = SchedulerConfig(policy="predictive", max_batch_size=4)
+    run = functools.partial(sim, reqs, config=config, cost_model=LINEAR, num_blocks=512)
+    run(predictions=[2.0 * r.output_tokens for r in reqs], prediction_refresh=16)
+    for jid, preds in seen.items():
+        n = reqs[jid].output_tokens
+        assert all(total == made + max(2.0 * (n - made), 1.0) for made, _, total in preds)
+    # Told at arrival too, new jobs are ranked before their first token: another run.
+    assert (run(prediction_sigma=0.5, prediction_refresh=16).summary()
+            != run(prediction_sigma=0.5, prediction_refresh=16,
+                   predict_at_arrival=True).summary())
+    with pytest.raises(ValueError, match="prediction_refresh needs"):
+        run(prediction_refresh=16)
+    with pytest.raises(ValueError, match="predict_at_arrival is for prediction_refresh"):
+        run(prediction_sigma=0.5, predict_at_arrival=True)
