@@ -119,6 +119,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--predict-at-arrival", action="store_true",
                    help="with --prediction-refresh: the first prediction at arrival too, as if "
                         "the prompt alone predicted as well as the probe's first estimate")
+    p.add_argument("--prediction-refresh-corr", type=float, default=1.0, metavar="RHO",
+                   help="with --prediction-refresh: draw the error anew at each refresh, an "
+                        "AR(1) in log space with this correlation from one refresh to the next "
+                        "(default 1: the job's first error throughout)")
     p.add_argument("--slo-search", default=None, type=_float_list, metavar="R1,R2,...",
                    help="also search throughput at the SLO over these rates (requests/s)")
     p.add_argument("--slo", type=float, default=None, metavar="S",
@@ -289,6 +293,7 @@ def run(args: argparse.Namespace) -> int:
            "prediction_seed": args.seed, "predictions": predictions,
            "prediction_refresh": args.prediction_refresh,
            "predict_at_arrival": args.predict_at_arrival,
+           "prediction_refresh_corr": args.prediction_refresh_corr,
            "replicas": args.replicas}
 
     rows: list[dict] = []

@@ -33,6 +33,7 @@ import functools
 import gc
 import math
 import random
+import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import ParamSpec, Protocol, TypeVar
@@ -173,6 +174,7 @@ def simulate(
     replicas: int = 1,
     prediction_refresh: int = 0,
     predict_at_arrival: bool = False,
+    prediction_refresh_corr: float = 1.0,
 ) -> SimResult:
     """Run ``requests`` through a ``GroupCore`` with ``config.policy`` on one simulated worker
     (``replicas`` of them: each request joins the least loaded when it arrives, as the
@@ -199,6 +201,11 @@ def simulate(
     keeps its sign and relative size while the estimate follows what is left.
     ``predict_at_arrival`` with it: the first prediction at arrival too, as if a predictor as
     good as the probe's first estimate read the prompt (what such a predictor would be worth).
+    ``prediction_refresh_corr`` rho < 1: the error is drawn anew at each refresh instead, as an
+    AR(1) in log space from the job's first one: ``e_k = rho e_(k-1) + sqrt(1 - rho^2) sigma
+    N(0, 1)``, with ``sigma`` the prediction sigma (or the recorded errors' spread), the noise
+    seeded by job and refresh (the same whatever the policy). The real probe's errors lie
+    between: correlation 0.80 between one refresh and the next, about 0.5 at 8 apart.
 
     ``cost_model`` may be split over a group (``CostModel.split``): its times are then the
     group's, and with ``pipeline_parallel`` P > 1 up to P plans are in flight per group
@@ -235,6 +242,9 @@ def simulate(
     if predict_at_arrival and not prediction_refresh:
         raise ValueError("predict_at_arrival is for prediction_refresh (without it every "
                          "prediction is made at arrival)")
+    if not 0.0 <= prediction_refresh_corr <= 1.0:
+        raise ValueError(f"prediction_refresh_corr must be in [0, 1], got "
+                         f"{prediction_refresh_corr}")
     specs, skipped, clipped = _fit(requests, max_context, predictions)
     predicted: list[float | None] = [s.predicted for s in specs]
     if prediction_sigma is not None:
@@ -244,6 +254,10 @@ def simulate(
     # With refreshes: each job's predicted / true ratio, and no prediction at arrival.
     ratio = ([p / s.output_tokens if p is not None else 1.0 for p, s in zip(predicted, specs)]
              if prediction_refresh else [])
+    # Errors drawn anew at each refresh: each job's last log error, and their spread.
+    log_error: dict[int, float] = {}
+    spread = (prediction_sigma if prediction_sigma is not None
+              else statistics.pstdev(math.log(r) for r in ratio) if len(ratio) > 1 else 0.0)
     if prediction_refresh and not predict_at_arrival:
         predicted = [None] * len(specs)
     if replicas < 1:
@@ -315,7 +329,16 @@ def simulate(
         made = len(core.jobs[job_id].output) + 1
         if (made - 1) % prediction_refresh:
             return None
-        return (specs[job_id].output_tokens - made) * ratio[job_id]
+        r = ratio[job_id]
+        if prediction_refresh_corr < 1.0:
+            k = (made - 1) // prediction_refresh
+            e = math.log(r) if k == 0 else (
+                prediction_refresh_corr * log_error[job_id]
+                + math.sqrt(1.0 - prediction_refresh_corr ** 2) * spread
+                * random.Random(prediction_seed * 1_000_003 + job_id * 65_537 + k).gauss(0, 1))
+            log_error[job_id] = e
+            r = math.exp(e)
+        return (specs[job_id].output_tokens - made) * r
 
     def before_refresh(core: GroupCore) -> int | None:
         """Iterations the last plan's batch can repeat before one of its jobs samples a

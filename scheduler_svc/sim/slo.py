@@ -56,6 +56,7 @@ def throughput_at_slo(
     replicas: int = 1,
     prediction_refresh: int = 0,
     predict_at_arrival: bool = False,
+    prediction_refresh_corr: float = 1.0,
 ) -> SloSearch:
     """The highest arrival rate whose mean latency per output token stays under the SLO.
 
@@ -75,7 +76,8 @@ def throughput_at_slo(
                           prediction_sigma=prediction_sigma, prediction_seed=prediction_seed,
                           predictions=predictions, replicas=replicas,
                           prediction_refresh=prediction_refresh,
-                          predict_at_arrival=predict_at_arrival)
+                          predict_at_arrival=predict_at_arrival,
+                          prediction_refresh_corr=prediction_refresh_corr)
         if result.stopped_at_s_per_token is not None:  # a certain miss, ended early
             search.curve.append(SloPoint(rate, result.stopped_at_s_per_token, False, {},
                                          lower_bound=True))

@@ -198,3 +198,41 @@ def test_the_simulated_worker_predicts_at_the_first_token_and_every_refresh(monk
         run(prediction_refresh=16)
     with pytest.raises(ValueError, match="predict_at_arrival is for prediction_refresh"):
         run(prediction_sigma=0.5, predict_at_arrival=True)
+
+
+def test_refreshed_errors_drawn_anew_follow_the_job_not_the_policy(monkeypatch):
+    """``prediction_refresh_corr`` < 1: the first refresh keeps the job's own error, later ones
+    drift from it (an AR(1) in log space), the same draws whatever the policy runs first."""
+    from test_simulator import make_requests
+
+    from scheduler_svc.core.group import GroupCore
+    from scheduler_svc.sim.simulator import simulate as sim
+
+    seen: dict[str, dict[int, list[tuple[int, float]]]] = {}
+    real = GroupCore._predicted
+    reqs = make_requests(30, rate=5.0)
+    ratio = [2.0 if i % 2 else 0.5 for i in range(len(reqs))]  # first errors of +-log 2
+    preds = [f * r.output_tokens for f, r in zip(ratio, reqs)]
+    for policy in ("fcfs", "predictive"):
+        got = seen[policy] = {}
+
+        def spy(job, remaining, got=got):
+            real(job, remaining)
+            got.setdefault(job.job_id, []).append((len(job.output), remaining))
+
+        monkeypatch.setattr(GroupCore, "_predicted", staticmethod(spy))
+        sim(reqs, config=SchedulerConfig(policy=policy, max_batch_size=4), cost_model=LINEAR,
+            num_blocks=512, predictions=preds, prediction_refresh=16,
+            prediction_refresh_corr=0.5)
+    assert seen["fcfs"] == seen["predictive"]
+    drifted = 0
+    for jid, got in seen["fcfs"].items():
+        n = reqs[jid].output_tokens
+        assert got[0] == (1, ratio[jid] * (n - 1))
+        drifted += sum(1 for made, rem in got[1:]
+                       if n > made and rem != ratio[jid] * (n - made))
+    assert drifted > 0
+    with pytest.raises(ValueError, match="prediction_refresh_corr must be in"):
+        sim(reqs, config=SchedulerConfig(policy="predictive"), cost_model=LINEAR,
+            num_blocks=512, predictions=preds, prediction_refresh=16,
+            prediction_refresh_corr=1.5)
