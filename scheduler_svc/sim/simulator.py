@@ -245,6 +245,9 @@ def simulate(
     if not 0.0 <= prediction_refresh_corr <= 1.0:
         raise ValueError(f"prediction_refresh_corr must be in [0, 1], got "
                          f"{prediction_refresh_corr}")
+    if prediction_refresh_corr < 1.0 and not prediction_refresh:
+        raise ValueError("prediction_refresh_corr is for prediction_refresh (without it a job "
+                         "is predicted once)")
     specs, skipped, clipped = _fit(requests, max_context, predictions)
     predicted: list[float | None] = [s.predicted for s in specs]
     if prediction_sigma is not None:

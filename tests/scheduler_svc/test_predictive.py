@@ -236,3 +236,6 @@ def test_refreshed_errors_drawn_anew_follow_the_job_not_the_policy(monkeypatch):
         sim(reqs, config=SchedulerConfig(policy="predictive"), cost_model=LINEAR,
             num_blocks=512, predictions=preds, prediction_refresh=16,
             prediction_refresh_corr=1.5)
+    with pytest.raises(ValueError, match="prediction_refresh_corr is for prediction_refresh"):
+        sim(reqs, config=SchedulerConfig(policy="predictive"), cost_model=LINEAR,
+            num_blocks=512, predictions=preds, prediction_refresh_corr=0.5)
