@@ -259,8 +259,10 @@ def simulate(
              if prediction_refresh else [])
     # Errors drawn anew at each refresh: each job's last log error, and their spread.
     log_error: dict[int, float] = {}
-    spread = (prediction_sigma if prediction_sigma is not None
-              else statistics.pstdev(math.log(r) for r in ratio) if len(ratio) > 1 else 0.0)
+    spread = 0.0
+    if prediction_refresh_corr < 1.0:
+        spread = (prediction_sigma if prediction_sigma is not None
+                  else statistics.pstdev(math.log(r) for r in ratio) if len(ratio) > 1 else 0.0)
     if prediction_refresh and not predict_at_arrival:
         predicted = [None] * len(specs)
     if replicas < 1:

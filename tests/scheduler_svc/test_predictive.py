@@ -152,16 +152,13 @@ def test_the_oracle_reads_the_clients_hint_before_the_cap():
     assert [j.job_id for j in core.policy.order(0.0)] == [2, 0, 1]
 
 
-def test_the_simulated_worker_predicts_at_the_first_token_and_every_refresh(monkeypatch):
-    """``prediction_refresh``: no prediction at arrival; one with the 1st, 17th, 33rd... token,
-    the true remaining times the job's own ratio, never past the context (not the job's true
-    length, which the simulator ends it at); fast-forwarded runs stop at each."""
-    from test_simulator import make_requests
-
+@pytest.fixture
+def predictions_seen(monkeypatch) -> dict[int, list[tuple[int, float, float]]]:
+    """Every prediction the core takes from a worker's results, by job id: (tokens made,
+    predicted remaining, the total kept), filled as runs go (clear it between runs)."""
     from scheduler_svc.core.group import GroupCore
-    from scheduler_svc.sim.simulator import simulate as sim
 
-    seen: dict[int, list[tuple[int, float, float]]] = {}  # (made, remaining, total)
+    seen: dict[int, list[tuple[int, float, float]]] = {}
     real = GroupCore._predicted
 
     def spy(job, remaining):
@@ -170,6 +167,18 @@ def test_the_simulated_worker_predicts_at_the_first_token_and_every_refresh(monk
                                                 job.predicted_output_tokens))
 
     monkeypatch.setattr(GroupCore, "_predicted", staticmethod(spy))
+    return seen
+
+
+def test_the_simulated_worker_predicts_at_the_first_token_and_every_refresh(predictions_seen):
+    """``prediction_refresh``: no prediction at arrival; one with the 1st, 17th, 33rd... token,
+    the true remaining times the job's own ratio, never past the context (not the job's true
+    length, which the simulator ends it at); fast-forwarded runs stop at each."""
+    from test_simulator import make_requests
+
+    from scheduler_svc.sim.simulator import simulate as sim
+
+    seen = predictions_seen
     reqs = make_requests(30, rate=5.0)
     for policy in ("fcfs", "predictive"):  # fcfs fast-forwards decode runs
         seen.clear()
@@ -200,30 +209,24 @@ def test_the_simulated_worker_predicts_at_the_first_token_and_every_refresh(monk
         run(prediction_sigma=0.5, predict_at_arrival=True)
 
 
-def test_refreshed_errors_drawn_anew_follow_the_job_not_the_policy(monkeypatch):
+def test_refreshed_errors_drawn_anew_follow_the_job_not_the_policy(predictions_seen):
     """``prediction_refresh_corr`` < 1: the first refresh keeps the job's own error, later ones
     drift from it (an AR(1) in log space), the same draws whatever the policy runs first."""
     from test_simulator import make_requests
 
-    from scheduler_svc.core.group import GroupCore
     from scheduler_svc.sim.simulator import simulate as sim
 
     seen: dict[str, dict[int, list[tuple[int, float]]]] = {}
-    real = GroupCore._predicted
     reqs = make_requests(30, rate=5.0)
     ratio = [2.0 if i % 2 else 0.5 for i in range(len(reqs))]  # first errors of +-log 2
     preds = [f * r.output_tokens for f, r in zip(ratio, reqs)]
     for policy in ("fcfs", "predictive"):
-        got = seen[policy] = {}
-
-        def spy(job, remaining, got=got):
-            real(job, remaining)
-            got.setdefault(job.job_id, []).append((len(job.output), remaining))
-
-        monkeypatch.setattr(GroupCore, "_predicted", staticmethod(spy))
+        predictions_seen.clear()
         sim(reqs, config=SchedulerConfig(policy=policy, max_batch_size=4), cost_model=LINEAR,
             num_blocks=512, predictions=preds, prediction_refresh=16,
             prediction_refresh_corr=0.5)
+        seen[policy] = {jid: [(made, rem) for made, rem, _ in got]
+                        for jid, got in predictions_seen.items()}
     assert seen["fcfs"] == seen["predictive"]
     drifted = 0
     for jid, got in seen["fcfs"].items():
