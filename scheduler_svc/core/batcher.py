@@ -368,10 +368,21 @@ class Batcher:
         n = min(oldest.num_pending, budget)
         bs = ledger.block_size
         need = blocks_for(oldest.kv.num_computed + n, bs) - len(oldest.kv.blocks)
+        # Offloaded blocks are free from the next Step on: they count towards the need now
+        # (evicting until the free count alone covered it offloaded every holder: seen as 34
+        # jobs, the whole device, moved out for one job of 406 blocks), and they are reserved
+        # for the oldest job then, so the next Step's walk cannot upload higher-priority jobs
+        # into them (it did, leaving nothing that could run, and this moved them all out again
+        # in every Step, the clock standing still).
+        freeing = 0
         for victim in victims:
-            if need <= ledger.num_free:
+            if need <= ledger.num_free + freeing:
                 break
-            self.kv_policy.evict(victim, plan, drop_ok=True)
+            blocks = len(victim.kv.blocks)
+            if self.kv_policy.evict(victim, plan, drop_ok=True) and victim.kv.stored:
+                freeing += blocks
+        if freeing and need > ledger.num_free:
+            ledger.claim(oldest, min(need, ledger.num_free + freeing))
         if oldest.kv.stored:
             if (ledger.moved(oldest, plan)
                     or blocks_for(oldest.kv.num_computed + n, bs) > ledger.num_free):

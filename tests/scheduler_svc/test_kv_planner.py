@@ -7,6 +7,7 @@ sends. The real worker and store run in the e2e tests.
 from __future__ import annotations
 
 import math
+import pathlib
 
 import pytest
 from core_driver import BS, LINEAR, WorkerModel, make_job
@@ -352,3 +353,79 @@ def test_an_upload_runs_beside_the_batch_not_in_its_way(other_work):
         t += 0.01
         step(core, worker, t)
     assert core.kv.num_recomputes == 0 and core.kv.store_used == 0
+
+
+def test_the_last_resort_offloads_only_what_the_oldest_job_needs_and_keeps_it_for_it(
+        monkeypatch):
+    """When nothing can run, the oldest job takes the newest jobs' blocks. Offloaded blocks are
+    free only from the next Step, so they count towards its need at once: the last resort used
+    to offload every holder for one block (the free count never rose within the Step), and
+    then the next Step's walk uploaded higher-priority jobs into the freed blocks, leaving the
+    oldest short again (seen stalled: the whole device moved out and back in every Step, the
+    clock standing still). Small bursty runs with a slow copy engine, skip-join and the
+    proactive planner, whose headroom runs out when every holder is in the batch."""
+    import random
+
+    from fastserve.traces import TraceRequest
+    from scheduler_svc.core.batcher import Batcher
+    from scheduler_svc.core.cost_model import CostModel
+    from scheduler_svc.sim import simulate
+
+    calls = []
+    real = Batcher._make_room
+
+    def spy(self, order, budget, step):
+        free, before = self.ledger.num_free, len(step.plan.swap_out)
+        real(self, order, budget, step)
+        out = [self.ledger.num_outgoing(j) for j in step.plan.swap_out[before:]]
+        if out:
+            calls.append((free, out, dict(self.ledger._claims)))
+
+    monkeypatch.setattr(Batcher, "_make_room", spy)
+    cost = CostModel(decode=((1, 0.0143), (64, 0.05)), prefill=((16, 0.011), (128, 0.016)),
+                     name="slow-copies", swap_bytes_per_s=1e6, kv_bytes_per_token=4096)
+    config = SchedulerConfig(policy="skip-join-mlfq", kv_policy="proactive", max_batch_size=4,
+                             max_batched_tokens=32, starve_limit_s=0.3)
+    several = 0
+    for seed in range(12):
+        rng = random.Random(seed)
+        t, reqs = 0.0, []
+        for _ in range(12):
+            t += rng.expovariate(1.0) * (0.05 if rng.random() < 0.7 else 2.0)
+            reqs.append(TraceRequest(t, rng.randint(4, 120), rng.randint(4, 80)))
+        result = simulate(reqs, config=config, cost_model=cost, num_blocks=32, block_size=8,
+                          store_blocks=4096, check_invariants=True, fast_forward=False)
+        assert sorted(r.output_tokens for r in result.records) == sorted(
+            r.output_tokens for r in reqs)
+    assert len(calls) > 20
+    for free, out, claims in calls:
+        assert len(claims) == 1, "the freed blocks are kept for the oldest job"
+        (claim,) = claims.values()
+        assert free < claim <= free + sum(out)
+        assert free + sum(out) - out[-1] < claim, "offloaded a job more than the need"
+        several += len(out) > 1
+    assert several > 0  # some needs took more than one job's blocks
+
+
+SHARED_TRACES = pathlib.Path(__file__).resolve().parents[3] / "shared" / "traces"
+
+
+@pytest.mark.skipif(not (SHARED_TRACES / "sharegpt_lengths_llama2.csv").is_file(),
+                    reason="the shared ShareGPT trace is not here")
+def test_predictive_with_a_store_does_not_stall_under_sharegpt_bursts():
+    """The run that found the last resort's livelock: ShareGPT lengths in bursts (Gamma CV 4)
+    at the published scale, `predictive` with predictions at arrival and the proactive planner
+    with a store. It stalled at t=770 s (request 465): 28 uploads queued behind 16 s of copies,
+    nothing to run, the last resort offloading them all again in every Step."""
+    from fastserve.traces import load_trace
+    from scheduler_svc.core.cost_model import PUBLISHED
+    from scheduler_svc.sim import simulate
+
+    reqs = load_trace(str(SHARED_TRACES / "sharegpt_lengths_llama2.csv"), rate=0.5,
+                      arrivals="gamma", cv=4, num_requests=480, seed=0)
+    config = SchedulerConfig(policy="predictive", max_batch_size=64)
+    result = simulate(reqs, config=config, cost_model=PUBLISHED["opt-13b-a100"],
+                      num_blocks=4096, store_blocks=40000, prediction_sigma=0.75,
+                      prediction_refresh=16, predict_at_arrival=True)
+    assert len(result.records) == len(reqs)
+    assert result.num_swap_outs < len(reqs)

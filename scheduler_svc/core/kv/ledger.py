@@ -235,6 +235,7 @@ class KVLedger:
         n = blocks_for(kv.num_computed, self.block_size)
         blocks = self.allocator.allocate(n)
         self._hold(job, blocks)
+        self._reserved_total -= self._reserved.pop(job.job_id, 0)
         plan.swap_in.append(SwapIn(job.job_id, list(blocks), kv.stored))
         self._uploading += kv.stored
         del self._offloaded[job.job_id]
