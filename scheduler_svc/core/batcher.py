@@ -29,6 +29,7 @@ class Batcher:
         self._promised = 0  # blocks held for new jobs in this Step's prefills, in all
         self._promises: dict[int, int] = {}
         self._sure: set[int] = set()  # prefills whose blocks are held or promised
+        self._trimmed: list[Job] = []  # prefills _trim dropped, in walk order
         self.config = config
         self.ledger = ledger
         self.kv_policy = kv_policy
@@ -81,7 +82,7 @@ class Batcher:
         # tokens, or blocks already promised to a new job walked before it, takes no batch
         # slot: such jobs used to fill the batch's slots and then compute nothing, while
         # decodable jobs behind them waited.
-        self._promised, self._promises, self._sure = 0, {}, set()
+        self._promised, self._promises, self._sure, self._trimmed = 0, {}, set(), []
         # Once every started job is seen and prefills sure of their blocks (held, or promised
         # to a new job) cover the token budget, the new jobs left would get no tokens (chunks
         # are sized in walk order): the walk ends, so a long queue of new jobs costs nothing
@@ -210,6 +211,19 @@ class Batcher:
                 self._add(job, n, step)
                 chosen.add(job.job_id)
                 budget -= n
+        # The trim counted every prefill's tokens, but a new job that must displace paused
+        # jobs may get no room (its victims can end up in the batch): the prefills dropped
+        # behind it take the tokens and slots it left, in walk order. Without this, Step after
+        # Step computed no prompt token at all (seen under `predictive` with a store: five
+        # starving new jobs short of room, five started jobs mid-prefill dropped behind them).
+        for job in self._trimmed:
+            if budget <= 0 or len(commands) >= max_batch:
+                break
+            n = self._fit(job, min(job.num_pending, budget))
+            if n > 0:
+                self._add(job, n, step)
+                chosen.add(job.job_id)
+                budget -= n
         step.passed = skip.passed if skip is not None else 0
         # Priority order (for the policy's head return).
         plan.commands = sorted(commands, key=lambda c: rank[c.job_id])
@@ -257,6 +271,7 @@ class Batcher:
             keep += 1
         for job in prefills[keep:]:
             self._promised -= self._promises.pop(job.job_id, 0)
+        self._trimmed.extend(prefills[keep:])
         dropped = len(prefills) > keep
         del prefills[keep:]
         return dropped

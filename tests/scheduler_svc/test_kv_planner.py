@@ -429,3 +429,20 @@ def test_predictive_with_a_store_does_not_stall_under_sharegpt_bursts():
                       prediction_refresh=16, predict_at_arrival=True)
     assert len(result.records) == len(reqs)
     assert result.num_swap_outs < len(reqs)
+
+
+def test_prefills_trimmed_behind_a_new_job_that_finds_no_room_take_its_tokens():
+    """The batch is full, so the walk trims the prefills the token budget cannot reach,
+    counting a high-priority new job's whole chunk. That job must displace paused jobs for its
+    blocks, but the only holder behind it is a running decode that joins the batch: it gets no
+    room, and the prefill trimmed behind it (which fits) takes the tokens and the slot it left
+    instead of the Step computing no prompt token at all."""
+    core = make(policy="srpt-oracle", num_blocks=16, max_batch_size=2, max_batched_tokens=8)
+    worker, t = run_long_jobs(core, 16, 1, prompt_len=40, max_tokens=100, iterations=6)
+    assert len(core.jobs[0].kv.blocks) == 11 and core.kv.allocator.num_free == 5
+    core.add(make_job(1, prompt_len=30, max_tokens=2), t)  # first; 8 blocks: does not fit
+    core.add(make_job(2, prompt_len=8, max_tokens=3), t)  # second; 3 blocks: fits
+    plan, _ = step(core, worker, t)
+    tokens = {c.job_id: c.num_tokens for c in plan.commands}
+    assert tokens == {0: 1, 2: 7}
+    assert not plan.swap_out and not core.jobs[1].started
