@@ -31,6 +31,8 @@ def test_any_sequence_keeps_the_ledger_consistent(ops, num_blocks, store_blocks)
         busy = {j for p in plans for j in p.swap_out + [s.job_id for s in p.swap_in]}
         if jid in busy and op not in ("settle", "settle_refused"):
             continue
+        if op in ("swap_out", "swap_in") and ledger.moved(job, plan):
+            continue  # one move per job per Step, as the batcher and planner keep it
         if op == "grow" and not kv.stored and ledger.num_free >= n:
             ledger.grow(job, n)
             kv.on_worker = True
@@ -82,3 +84,29 @@ def test_a_refused_swap_out_gives_the_blocks_back_and_pauses_swaps():
     ledger.begin_step(1.6)
     assert ledger.store_up
     ledger.check([job])
+
+
+def test_an_upload_is_ready_after_every_offload_of_its_step():
+    """The worker copies a Step's offloads before its uploads, so an offload planned after an
+    upload in the same Step delays that upload; the ledger's prediction must say so, or the
+    batcher commands the job while its copy is still running and the iteration waits."""
+    from scheduler_svc.core.cost_model import CostModel
+
+    priced = CostModel(decode=((1, 0.01),), prefill=((1, 0.01),), kv_bytes_per_token=1000,
+                       swap_bytes_per_s=1e6)  # 4 ms per block of 4 tokens
+    ledger = KVLedger(16, BS, 64, priced)
+    up, out = Job(0, [1] * 3, 10, 0.0), Job(1, [1] * 3, 10, 0.0)
+    for job, n in ((up, 2), (out, 3)):
+        ledger.grow(job, n)
+        job.kv.on_worker, job.kv.num_computed = True, n * BS
+    ledger.begin_step(0.0)
+    plan = StepPlan()
+    ledger.swap_out(up, plan)
+    ledger.settle(plan, StepResult(), 0.008, {0: up, 1: out})
+    ledger.begin_step(1.0)  # the copy engine is idle again
+    plan = StepPlan()
+    ledger.swap_in(up, plan)  # 2 blocks: 8 ms
+    ledger.swap_out(out, plan)  # 3 blocks, copied first: 12 ms
+    assert plan.swap_in[0].job_id == 0 and plan.swap_out == [1]
+    assert ledger.upload_pending(up, 1.019)
+    assert not ledger.upload_pending(up, 1.0201)
