@@ -72,6 +72,11 @@ class SchedulerConfig:
         "prompts admitted in the last this many seconds take")
     kv_headroom_max: float = setting(
         0.25, "proactive KV policy: the headroom is at most this fraction of the pool")
+    kv_recompute_budget: float = setting(
+        0.1, "recompute KV policy: new jobs may drop paused jobs' KV for their blocks only "
+        "while the tokens dropped so far are at most this fraction of the prompt tokens "
+        "prefilled so far (each dropped token is computed again); beyond it they wait for "
+        "free blocks, as under defer, so recomputation costs a bounded share of the device")
 
     def __post_init__(self) -> None:
         def check(name: str, ok: bool, limit: str) -> None:
@@ -94,3 +99,4 @@ class SchedulerConfig:
         check("kv_policy", self.kv_policy in KV_POLICIES, f"one of {', '.join(KV_POLICIES)}")
         check("kv_headroom_window_s", self.kv_headroom_window_s >= 0, ">= 0")
         check("kv_headroom_max", 0.0 <= self.kv_headroom_max < 1.0, "in [0, 1)")
+        check("kv_recompute_budget", self.kv_recompute_budget >= 0, ">= 0")

@@ -276,7 +276,9 @@ def test_a_preemptive_policy_keeps_fcfs_throughput_under_overload():
     offload once ran at 0.40x FCFS's tokens/s, with 10 offloads and one recompute per request
     and a third of the time waiting for uploads. The mechanisms: uploads beside the batch,
     prefills that take no slot they cannot use, a block per batch job kept free, starvation
-    limits that double per promotion, restarts on whole blocks."""
+    limits that double per promotion, restarts on whole blocks; uploads predicted ready after
+    their Step's offloads (reactive waited 7% of the run for them), and recomputation within a
+    budget (unbounded, arrivals dropped 0.7 paused jobs per request: 0.89x)."""
     from fastserve.traces import load_trace
     from scheduler_svc.core.cost_model import OPT_13B_A100
 
@@ -290,12 +292,13 @@ def test_a_preemptive_policy_keeps_fcfs_throughput_under_overload():
                         cost_model=OPT_13B_A100, num_blocks=4096, store_blocks=40000)
 
     fcfs = run("fcfs", "proactive").summary()
-    for policy, kv in (("skip-join-mlfq", "proactive"), ("skip-join-mlfq", "defer")):
-        r = run(policy, kv)
+    for kv in ("proactive", "reactive", "recompute", "defer"):
+        r = run("skip-join-mlfq", kv)
         s = r.summary()
-        label = f"{policy}+{kv}"
+        label = f"skip-join-mlfq+{kv}"
         assert s["throughput_tokens_s"] >= 0.95 * fcfs["throughput_tokens_s"], label
-        assert r.num_swap_outs <= 6 * n and r.num_recomputes <= 0.1 * n, label
+        assert r.num_swap_outs <= 6 * n, label
+        assert r.num_recomputes <= (0.2 if kv == "recompute" else 0.1) * n, label
         assert r.swap_wait_s <= 0.05 * s["makespan_s"], label
 
 

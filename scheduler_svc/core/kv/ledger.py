@@ -89,6 +89,7 @@ class KVLedger:
         self.num_swap_outs = 0
         self.num_swap_ins = 0
         self.num_recomputes = 0
+        self.num_dropped_tokens = 0  # computed tokens whose KV was dropped, to compute again
         self.num_kv_lost = 0
 
     # ---- per Step ---------------------------------------------------------------------------
@@ -265,6 +266,7 @@ class KVLedger:
 
     def drop(self, job: Job, plan: StepPlan) -> None:
         """Drop ``job``'s KV: it is computed again from its prompt and output later."""
+        self.num_dropped_tokens += job.kv.num_computed
         self.release(job)
         self.unstore(job)
         job.kv.num_computed = 0

@@ -110,8 +110,27 @@ class Reactive(KVPolicy):
 
 
 class Recompute(KVPolicy):
+    """Drops paused jobs' KV for higher-priority jobs, within a budget: new jobs displace only
+    while the tokens dropped so far are at most ``kv_recompute_budget`` of the prompt tokens
+    prefilled so far. Unbounded, arrivals under overload dropped 0.7 paused jobs per request
+    and 37% more prompt tokens were computed than prefilled once (the MLFQs at 0.89x FCFS's
+    throughput on the Azure conversations at 1.4x capacity; at 0.1, 0.97x)."""
+
     name = "recompute"
     drops = True
+
+    def __init__(self, config: SchedulerConfig, ledger: KVLedger):
+        super().__init__(config, ledger)
+        self._prefilled = 0  # prompt and recomputed tokens planned in prefill chunks
+
+    def new_job_room(self, displaceable: int, iteration_s: float) -> int:
+        if self.ledger.num_dropped_tokens > self.config.kv_recompute_budget * self._prefilled:
+            return 0
+        return displaceable
+
+    def after_batch(self, step: StepContext) -> None:
+        # Every prefill chunk passes here: runs fast-forwarded at once are decodes only.
+        self._prefilled += sum(c.num_tokens for c in step.plan.commands if c.num_tokens > 1)
 
 
 class Defer(KVPolicy):
