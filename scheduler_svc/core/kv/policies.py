@@ -112,9 +112,9 @@ class Reactive(KVPolicy):
 class Recompute(KVPolicy):
     """Drops paused jobs' KV for higher-priority jobs, within a budget: new jobs displace only
     while the tokens dropped so far are at most ``kv_recompute_budget`` of the prompt tokens
-    prefilled so far. Unbounded, arrivals under overload dropped 0.7 paused jobs per request
-    and 37% more prompt tokens were computed than prefilled once (the MLFQs at 0.89x FCFS's
-    throughput on the Azure conversations at 1.4x capacity; at 0.1, 0.97x)."""
+    prefilled so far. Unbounded, arrivals under overload dropped 0.7 paused jobs per request,
+    whose KV came to 37% of all the prompts' tokens, computed a second time (the MLFQs at 0.89x
+    FCFS's throughput on the Azure conversations at 1.4x capacity; with 0.1, 0.97x)."""
 
     name = "recompute"
     drops = True
