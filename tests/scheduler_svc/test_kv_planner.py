@@ -7,12 +7,12 @@ sends. The real worker and store run in the e2e tests.
 from __future__ import annotations
 
 import math
-import pathlib
 
 import pytest
 from core_driver import BS, LINEAR, WorkerModel, make_job
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_simulator import SHARED_TRACES
 
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.contract import StepResult
@@ -405,9 +405,6 @@ def test_the_last_resort_offloads_only_what_the_oldest_job_needs_and_keeps_it_fo
         assert free + sum(out) - out[-1] < claim, "offloaded a job more than the need"
         several += len(out) > 1
     assert several > 0  # some needs took more than one job's blocks
-
-
-SHARED_TRACES = pathlib.Path(__file__).resolve().parents[3] / "shared" / "traces"
 
 
 @pytest.mark.skipif(not (SHARED_TRACES / "sharegpt_lengths_llama2.csv").is_file(),

@@ -195,10 +195,11 @@ class KVLedger:
         """Give ``job`` ``num_blocks`` more blocks (its reservation is used up)."""
         blocks = self.allocator.allocate(num_blocks)
         self._hold(job, blocks)
-        self._reserved_total -= self._reserved.pop(job.job_id, 0)
         return blocks
 
     def _hold(self, job: Job, blocks: list[int]) -> None:
+        """``job`` holds ``blocks`` too; a reservation it had in this Step is used up."""
+        self._reserved_total -= self._reserved.pop(job.job_id, 0)
         if blocks and not job.kv.blocks:
             self._holding[job.job_id] = job
         job.kv.blocks.extend(blocks)
@@ -248,7 +249,6 @@ class KVLedger:
         n = blocks_for(kv.num_computed, self.block_size)
         blocks = self.allocator.allocate(n)
         self._hold(job, blocks)
-        self._reserved_total -= self._reserved.pop(job.job_id, 0)
         plan.swap_in.append(SwapIn(job.job_id, list(blocks), kv.stored))
         self._uploading += kv.stored
         del self._offloaded[job.job_id]
