@@ -123,6 +123,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="with --prediction-refresh: draw the error anew at each refresh, an "
                         "AR(1) in log space with this correlation from one refresh to the next "
                         "(default 1: the job's first error throughout)")
+    p.add_argument("--arrival-probe-error", type=float, default=0.0, metavar="SIGMA",
+                   help="with --prediction-refresh: the estimates at arrival that a policy "
+                        "ranking by predictions gets (as the service does, from the prompt's "
+                        "last --set arrival_probe_tokens=K tokens, 128 by default; 0 turns them "
+                        "off) are the first token's estimate times exp(N(0, SIGMA)) when the "
+                        "tail is shorter than the prompt (default 0: as good as the first "
+                        "token's)")
     p.add_argument("--slo-search", default=None, type=_float_list, metavar="R1,R2,...",
                    help="also search throughput at the SLO over these rates (requests/s)")
     p.add_argument("--slo", type=float, default=None, metavar="S",
@@ -294,6 +301,7 @@ def run(args: argparse.Namespace) -> int:
            "prediction_refresh": args.prediction_refresh,
            "predict_at_arrival": args.predict_at_arrival,
            "prediction_refresh_corr": args.prediction_refresh_corr,
+           "arrival_probe_error": args.arrival_probe_error,
            "replicas": args.replicas}
 
     rows: list[dict] = []

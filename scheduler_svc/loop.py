@@ -204,6 +204,9 @@ class WorkerLoop:
             log.info("worker %s: %d KV blocks, KV store %s (%d blocks), kv policy %s",
                      self.address, d.num_blocks, d.kvstore_address or "none", store_blocks,
                      self.config.kv_policy)
+        # Estimates at arrival, from a worker that makes them, for a policy that ranks by them
+        # (a worker that comes back without a predictor is asked for none).
+        self.core.arrival_probes = d.arrival_probes and self.core.policy.ranks_by_prediction
         self.state = "ready"
         self.error = ""
         self._publish()

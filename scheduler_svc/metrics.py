@@ -192,6 +192,10 @@ class _LoopCollector(Collector):
                 "fastserve:num_predicted",
                 "Finished requests whose length the worker's predictor estimated.",
                 labels=["worker"]),
+            "num_probes": CounterMetricFamily(
+                "fastserve:num_arrival_probes",
+                "Waiting requests the worker estimated from their prompts' last tokens.",
+                labels=["worker"]),
             "swap_wait_s": CounterMetricFamily(
                 "fastserve:kv_swap_wait_seconds",
                 "Time iterations waited for their own jobs' swaps.", labels=["worker"]),

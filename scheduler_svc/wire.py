@@ -31,6 +31,8 @@ def plan_to_proto(plan: StepPlan) -> wpb.StepRequest:
         free_job_ids=plan.free_job_ids,
         swap_out=[wpb.SwapOut(job_id=j) for j in plan.swap_out],
         swap_in=[wpb.SwapIn(job_id=sw.job_id, block_ids=sw.block_ids) for sw in plan.swap_in],
+        probes=[wpb.ArrivalProbe(job_id=p.job_id, token_ids=p.token_ids,
+                                 prompt_tokens=p.prompt_tokens) for p in plan.probes],
     )
 
 
@@ -62,6 +64,7 @@ def result_from_proto(msg: wpb.StepResponse) -> StepResult:
         # The core reads these only for the jobs its plan swapped out.
         swap_refused=[e.job_id for e in msg.errors if e.code in SWAP_REFUSED],
         swap_wait_s=msg.swap_wait_s,
+        estimates=[(e.job_id, e.predicted_output_tokens) for e in msg.estimates],
     )
 
 
@@ -101,3 +104,11 @@ def check_result(plan: StepPlan, result: StepResult, vocab_size: int) -> None:
         if r.num_computed < 0:
             raise BadWorkerReply(f"worker answered step {plan.step_id} with num_computed "
                                  f"{r.num_computed} for job {r.job_id}")
+    probed = {p.job_id for p in plan.probes}
+    for job_id, predicted in result.estimates:
+        if job_id not in probed:
+            raise BadWorkerReply(f"worker estimated job {job_id} in step {plan.step_id}, "
+                                 "which it was not asked to")
+        if not 0 < predicted < float("inf"):
+            raise BadWorkerReply(f"worker estimated job {job_id} in step {plan.step_id} at "
+                                 f"{predicted} output tokens, not a positive number")

@@ -13,6 +13,7 @@ Per-step command semantics, applied in this order:
 | ``swap_in``      | claim an offloaded job's new blocks, copy its KV back (asynchronously) |
 | ``new_jobs``     | register a job (prompt, sampling, initial blocks); runs only if commanded |
 | ``commands``     | append blocks, then process the next ``num_tokens`` uncomputed tokens |
+| ``probes``       | after the batch: estimate jobs not admitted here (arrival.py); no state |
 
 Copies and their ordering live in ``swap.py``; here, a command of an uploading job waits for its
 swap-in, and every claim of blocks for compute waits for swap-outs still reading them.
@@ -27,15 +28,18 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
 
+from worker_svc import arrival
+from worker_svc.arrival import ArrivalEstimate, ArrivalProbe
 from worker_svc.errors import ErrorCode, JobRejected, KVLost
 from worker_svc.kv_pool import ClaimProblem, KVPool
 from worker_svc.model.llama import BatchMetadata, DecodeGroup, LlamaModel, PrefillSegment
 from worker_svc.parallel.group import GroupLost, TensorGroup
+from worker_svc.predictor import LengthPredictor
 from worker_svc.sampler import SamplingParams, sample
 from worker_svc.swap import Residency, SwapEngine, SwapStats
 
@@ -78,6 +82,11 @@ class StepCommand:
     free_job_ids: list[int] = field(default_factory=list)
     swap_out: list[int] = field(default_factory=list)
     swap_in: list[SwapIn] = field(default_factory=list)
+    probes: list[ArrivalProbe] = field(default_factory=list)
+    # The decoder layer the probes are read at, set by the engine that answers them (a
+    # group's rank 0, before its followers get the command: they hold no predictor); None:
+    # the probes are not run. Never on the wire.
+    probe_layer: int | None = None
 
 
 @dataclass
@@ -119,6 +128,8 @@ class StepOutcome:
     compute_time_s: float = 0.0
     swap_wait_s: float = 0.0
     swap: SwapStats = field(default_factory=SwapStats)
+    # One per answered probe, in the command's order.
+    estimates: list[ArrivalEstimate] = field(default_factory=list)
 
 
 @dataclass
@@ -172,8 +183,19 @@ class Engine:
     def vocab_size(self) -> int:
         return self.model.spec.vocab_size
 
+    @property
+    def arrival_probes(self) -> bool:
+        """Whether this engine answers ``StepCommand.probes``: its probe is the output-length
+        predictor (not a recorder), it leads (no group, or rank 0 of one) and holds every
+        layer up to the predictor's (no pipeline stages)."""
+        return (isinstance(self.probe, LengthPredictor) and self.pipeline is None
+                and self.model.first_stage and self.model.last_stage
+                and (self.group is None or self.group.rank == 0))
+
     def step(self, cmd: StepCommand) -> StepOutcome:
         """Execute one Step. With a group, raises GroupLost when the ranks fall apart."""
+        if self.group is None or self.group.rank == 0:
+            cmd = self._plan_probes(cmd)
         if self.pipeline is not None:  # rank 0 of pipeline stages: down the pipe and back
             return self.pipeline.submit(cmd).result()
         if self.group is not None and self.group.rank == 0:
@@ -183,11 +205,30 @@ class Engine:
             self.group.agree(self.fingerprint(out))
         return out
 
+    def _plan_probes(self, cmd: StepCommand) -> StepCommand:
+        """The command with the probes this engine answers, invalid ones left out (logged),
+        and their layer; without probes to answer, the command with none."""
+        if not cmd.probes:
+            return cmd
+        if not self.arrival_probes:
+            log.debug("%d arrival probes ignored: this worker does not answer them",
+                      len(cmd.probes))
+            return replace(cmd, probes=[], probe_layer=None)
+        assert isinstance(self.probe, LengthPredictor)
+        valid = []
+        for p in cmd.probes:
+            why = arrival.problem(p, self.vocab_size, self.max_context)
+            if why is None:
+                valid.append(p)
+            else:
+                log.warning("arrival probe of job %d skipped: %s", p.job_id, why)
+        return replace(cmd, probes=valid, probe_layer=self.probe.layer if valid else None)
+
     def _step(self, cmd: StepCommand) -> StepOutcome:
         out = StepOutcome()
         batch = self.begin(cmd, out)
+        start = time.perf_counter()
         if batch:
-            start = time.perf_counter()
             try:
                 out.results = self._run(batch, out.errors)
             except GroupLost:
@@ -196,6 +237,15 @@ class Engine:
                 for job, _ in batch:
                     out.errors.append(JobError(job.job_id, ErrorCode.INTERNAL,
                                                f"forward failed: {type(e).__name__}: {e}"))
+        probing = cmd.probe_layer is not None and bool(cmd.probes)
+        if probing:
+            assert cmd.probe_layer is not None
+            # Only the engine that answers reads the predictor; a follower runs the forwards.
+            predictor = self.probe if self.arrival_probes else None
+            assert predictor is None or isinstance(predictor, LengthPredictor)
+            out.estimates = arrival.estimate(self.model, cmd.probes, cmd.probe_layer,
+                                             predictor, self.device)
+        if batch or probing:
             out.compute_time_s = time.perf_counter() - start
         self.end(out)
         return out

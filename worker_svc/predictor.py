@@ -90,7 +90,7 @@ class LengthPredictor:
         if not 0 <= layer < num_layers:
             raise ValueError(f"predictor reads layer {layer}; the model has {num_layers}")
         self.layer = layer
-        self.layers = (layer,)
+        self.layers: tuple[int, ...] = (layer,)
         self.refresh = int(artifact["refresh"])
         self.info = dict(artifact.get("info", {}))
         dev = torch.device(device)

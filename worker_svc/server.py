@@ -123,6 +123,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             predictor=self.loaded.predictor,
             tensor_parallel_size=layout.size,
             pipeline_parallel_size=layout.num_stages,
+            arrival_probes=self.engine.arrival_probes and layout.num_stages == 1,
         )
 
     def Profile(

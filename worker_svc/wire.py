@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from fastserve.proto import worker_pb2 as pb
 from worker_svc.engine import (
+    ArrivalEstimate,
+    ArrivalProbe,
     ErrorCode,
     JobCommand,
     JobError,
@@ -62,6 +64,7 @@ def step_command_from_proto(msg: pb.StepRequest) -> tuple[StepCommand, list[JobE
         free_job_ids=list(msg.free_job_ids),
         swap_out=[s.job_id for s in msg.swap_out],
         swap_in=[SwapIn(s.job_id, list(s.block_ids)) for s in msg.swap_in],
+        probes=[ArrivalProbe(p.job_id, list(p.token_ids), p.prompt_tokens) for p in msg.probes],
     )
     errors: list[JobError] = []
     for i, new in enumerate(msg.new_jobs):
@@ -102,6 +105,8 @@ def step_command_to_proto(cmd: StepCommand, step_id: int = 0) -> pb.StepRequest:
         free_job_ids=cmd.free_job_ids,
         swap_out=[pb.SwapOut(job_id=j) for j in cmd.swap_out],
         swap_in=[pb.SwapIn(job_id=s.job_id, block_ids=s.block_ids) for s in cmd.swap_in],
+        probes=[pb.ArrivalProbe(job_id=p.job_id, token_ids=p.token_ids,
+                                prompt_tokens=p.prompt_tokens) for p in cmd.probes],
     )
 
 
@@ -160,6 +165,9 @@ def step_outcome_to_proto(
         num_free_blocks=num_free_blocks,
         swap_wait_s=out.swap_wait_s,
         swap=swap_stats_to_proto(out.swap),
+        estimates=[pb.ArrivalEstimate(job_id=e.job_id,
+                                      predicted_output_tokens=e.predicted_output_tokens)
+                   for e in out.estimates],
     )
 
 
@@ -180,6 +188,7 @@ def step_outcome_from_proto(msg: pb.StepResponse) -> StepOutcome:
         compute_time_s=msg.compute_time_s,
         swap_wait_s=msg.swap_wait_s,
         swap=swap_stats_from_proto(msg.swap),
+        estimates=[ArrivalEstimate(e.job_id, e.predicted_output_tokens) for e in msg.estimates],
     )
 
 

@@ -77,6 +77,12 @@ class SchedulerConfig:
         "while the tokens dropped so far are at most this fraction of the prompt tokens "
         "prefilled so far (each dropped token is computed again); beyond it they wait for "
         "free blocks, as under defer, so recomputation costs a bounded share of the device")
+    arrival_probe_tokens: int = setting(
+        128, "predictive: a job that waits for room is estimated before its prefill from its "
+        "prompt's last this-many tokens (the worker runs them up to its predictor's layer, no "
+        "KV kept), so a burst's waiting jobs are ranked by predicted size; 0: a job is "
+        "estimated only with its first token. Probe tokens per iteration are at most "
+        "max_batched_tokens")
 
     def __post_init__(self) -> None:
         def check(name: str, ok: bool, limit: str) -> None:
@@ -100,3 +106,4 @@ class SchedulerConfig:
         check("kv_headroom_window_s", self.kv_headroom_window_s >= 0, ">= 0")
         check("kv_headroom_max", 0.0 <= self.kv_headroom_max < 1.0, "in [0, 1)")
         check("kv_recompute_budget", self.kv_recompute_budget >= 0, ">= 0")
+        check("arrival_probe_tokens", 0 <= self.arrival_probe_tokens <= 65536, "in [0, 65536]")

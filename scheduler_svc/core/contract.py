@@ -57,6 +57,15 @@ class SwapIn:
 
 
 @dataclass
+class ArrivalProbe:
+    """Estimate a job's output length before its prefill, from its prompt's last tokens."""
+
+    job_id: int
+    token_ids: list[int]  # the prompt's last tokens
+    prompt_tokens: int  # the whole prompt's length
+
+
+@dataclass
 class StepPlan:
     """One iteration for the worker. ``commands`` is the batch, highest priority first."""
 
@@ -66,6 +75,7 @@ class StepPlan:
     free_job_ids: list[int] = field(default_factory=list)
     swap_out: list[int] = field(default_factory=list)  # job ids
     swap_in: list[SwapIn] = field(default_factory=list)
+    probes: list[ArrivalProbe] = field(default_factory=list)
     num_batched_tokens: int = 0
 
     @property
@@ -107,6 +117,8 @@ class StepResult:
     swap_refused: list[int] = field(default_factory=list)
     # Time this iteration waited for its own jobs' swaps.
     swap_wait_s: float = 0.0
+    # (job_id, predicted output tokens) for the plan's probes the worker answered.
+    estimates: list[tuple[int, float]] = field(default_factory=list)
 
 
 @dataclass(init=False)
@@ -155,3 +167,4 @@ class Stats:
     # first estimate of their output length, in tokens.
     num_predicted: int = 0
     prediction_mae_tokens: float = 0.0
+    num_probes: int = 0  # waiting jobs asked for an estimate at arrival

@@ -20,7 +20,7 @@ from collections import deque
 
 from scheduler_svc.core.batcher import Batcher
 from scheduler_svc.core.config import SchedulerConfig
-from scheduler_svc.core.contract import JobUpdate, Stats, StepPlan, StepResult
+from scheduler_svc.core.contract import ArrivalProbe, JobUpdate, Stats, StepPlan, StepResult
 from scheduler_svc.core.cost_model import CostModel
 from scheduler_svc.core.job import Job, JobStatus, Placement
 from scheduler_svc.core.kv.ledger import KVLedger
@@ -72,6 +72,11 @@ class GroupCore:
         self.repeatable_plan: StepPlan | None = None
         self.added_since_plan = 0
         self._moves_at_plan = 0  # the policy's demotions and promotions when it was formed
+        # Estimates at arrival: on when the worker answers probes and the policy ranks by
+        # predictions (its loop, or the simulator, says); the jobs not yet estimated, oldest first.
+        self.arrival_probes = False
+        self._to_probe: deque[Job] = deque()
+        self.num_probes = 0
 
     # ---- admission and termination -------------------------------------------------------
     @property
@@ -98,6 +103,9 @@ class GroupCore:
         self._num_waiting_single += not job.started and len(job.prompt) == 1
         self.policy.add(job, now)
         self.kv_policy.on_arrival(job, now)
+        if (self.arrival_probes and not job.started and not job.output
+                and job.predicted_output_tokens is None and self.config.arrival_probe_tokens > 0):
+            self._to_probe.append(job)
 
     def finish(self, job: Job, status: JobStatus, now: float, error: str = "") -> None:
         """End a live job: release its blocks now and free it on the worker next Step."""
@@ -214,11 +222,14 @@ class GroupCore:
         self._recent_batches.append(chosen)
         self._last_batch = chosen
         self.kv.end_step()
+        if self._to_probe:
+            self._probe(plan, step.chosen)
         self.repeatable_plan = (plan if self.pipeline_depth == 1 and not self.kv.has_claims()
                                 and repeatable(plan, step) else None)
         self.added_since_plan = 0
         self._moves_at_plan = self.policy.num_demotions + self.policy.num_promotions
-        if not (plan.commands or plan.free_job_ids or plan.swap_out or plan.swap_in):
+        if not (plan.commands or plan.free_job_ids or plan.swap_out or plan.swap_in
+                or plan.probes):
             return None
         jobs = self.jobs
         for c in plan.commands:  # what is planned counts as computed from now on
@@ -229,6 +240,26 @@ class GroupCore:
         if self.pipeline_depth > 1:
             self._busy.update(plan.job_ids())
         return plan
+
+    def _probe(self, plan: StepPlan, chosen: set[int]) -> None:
+        """Ask the worker for an estimate at arrival of the jobs that wait: those left out of
+        this plan, oldest first, up to ``max_batched_tokens`` probe tokens (at least one
+        probe). A job that starts first gets its estimate with its first token instead."""
+        k, budget = self.config.arrival_probe_tokens, self.config.max_batched_tokens
+        queue, jobs = self._to_probe, self.jobs
+        while queue:
+            job = queue[0]
+            if (jobs.get(job.job_id) is not job or job.started or job.job_id in chosen
+                    or job.predicted_output_tokens is not None):
+                queue.popleft()
+                continue
+            n = min(k, len(job.prompt))
+            if plan.probes and n > budget:
+                break
+            queue.popleft()
+            budget -= n
+            plan.probes.append(ArrivalProbe(job.job_id, job.prompt[-n:], len(job.prompt)))
+            self.num_probes += 1
 
     def _plan_batch(self) -> int:
         """Jobs one plan may take. With a pipeline, the live jobs are spread over its
@@ -286,6 +317,13 @@ class GroupCore:
         # A finished job has left the table (finish() removes it).
         ran = [job for c in plan.commands if (job := jobs.get(c.job_id)) is not None]
         self.policy.on_iteration(ran, result.compute_time_s, now)
+        for job_id, predicted in result.estimates:
+            job = jobs.get(job_id)
+            # A job that started since has (or will have) its first token's estimate. It has
+            # no output yet: the whole answer is still to come.
+            if job is not None and not job.started and job.predicted_output_tokens is None:
+                self._predicted(job, predicted)
+                self.policy.on_estimate(job, now)
         return updates
 
     @staticmethod
@@ -340,6 +378,7 @@ class GroupCore:
             num_predicted=self.num_predicted,
             prediction_mae_tokens=(self._prediction_abs_error / self.num_predicted
                                    if self.num_predicted else 0.0),
+            num_probes=self.num_probes,
         )
 
     def check_invariants(self) -> None:

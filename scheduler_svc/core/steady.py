@@ -42,6 +42,7 @@ def repeatable(plan: StepPlan, step: StepContext) -> bool:
     """Whether ``plan`` (just formed in ``step``) is of the kind that can repeat unchanged."""
     commands = plan.commands
     return (bool(commands) and not plan.new_jobs and not plan.swap_out and not plan.swap_in
+            and not plan.probes
             and not step.started and len(step.rank) + step.passed == len(commands)
             and all(c.num_tokens == 1 for c in commands))
 

@@ -54,6 +54,10 @@ SIM_TOKEN = 0
 # Plans in a row that only free KV while jobs wait: one is normal (evictions, then the next plan
 # runs on the freed blocks); more means the scheduler is stuck.
 MAX_IDLE_PLANS = 3
+# An estimate at arrival runs the prompt's tail through the decoder up to the predictor's
+# layer: the default model's reads layer 21 of 30, so each probe token costs 22/30 of a
+# prefill token (charged as prefill in the iteration that carries the probe).
+PROBE_COST = 22 / 30
 
 
 class RequestLike(Protocol):
@@ -175,6 +179,7 @@ def simulate(
     prediction_refresh: int = 0,
     predict_at_arrival: bool = False,
     prediction_refresh_corr: float = 1.0,
+    arrival_probe_error: float = 0.0,
 ) -> SimResult:
     """Run ``requests`` through a ``GroupCore`` with ``config.policy`` on one simulated worker
     (``replicas`` of them: each request joins the least loaded when it arrives, as the
@@ -206,6 +211,12 @@ def simulate(
     N(0, 1)``, with ``sigma`` the prediction sigma (or the recorded errors' spread), the noise
     seeded by job and refresh (the same whatever the policy). The real probe's errors lie
     between: correlation 0.80 between one refresh and the next, about 0.5 at 8 apart.
+    With ``prediction_refresh`` (and not ``predict_at_arrival``), a policy that ranks by
+    predictions also gets estimates at arrival as the service does
+    (``config.arrival_probe_tokens``): a job left out of a plan is probed in it, at
+    ``PROBE_COST`` of a prefill per tail token, and its estimate is the one its first token
+    would bring; ``arrival_probe_error`` sigma > 0 multiplies it by ``exp(N(0, sigma))`` when
+    the tail is shorter than the prompt (a tail that ranks worse than the whole prompt).
 
     ``cost_model`` may be split over a group (``CostModel.split``): its times are then the
     group's, and with ``pipeline_parallel`` P > 1 up to P plans are in flight per group
@@ -265,6 +276,10 @@ def simulate(
                   else statistics.pstdev(math.log(r) for r in ratio) if len(ratio) > 1 else 0.0)
     if prediction_refresh and not predict_at_arrival:
         predicted = [None] * len(specs)
+    if arrival_probe_error < 0:
+        raise ValueError(f"arrival_probe_error must be >= 0, got {arrival_probe_error}")
+    probing = (prediction_refresh > 0 and not predict_at_arrival
+               and config.arrival_probe_tokens > 0)
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
     stages = cost_model.pipeline_parallel
@@ -273,6 +288,9 @@ def simulate(
                                cost_model=cost_model, store_blocks=store_blocks,
                                pipeline_depth=depth))
               for _ in range(replicas)]
+    for g in groups:
+        g.core.arrival_probes = probing and g.core.policy.ranks_by_prediction
+    estimated: dict[int, list[tuple[int, float]]] = {}  # step id -> the worker's estimates
     swap_time = cost_model.swap_time
     records: list[RequestRecord | None] = [None] * len(specs)
     iteration_time = cost_model.iteration_time
@@ -372,13 +390,30 @@ def simulate(
                                        SIM_TOKEN if cmd.samples else None,
                                        predicted_remaining=(refreshed(core, cmd.job_id)
                                                             if cmd.samples else None)))
-        if not plan.commands:
+        if plan.probes:
+            prefill_tokens += probe(plan)
+        elif not plan.commands:
             return results, 0.0
         key = (num_decodes, prefill_tokens)
         t = times.get(key)
         if t is None:
             t = times[key] = iteration_time(num_decodes, prefill_tokens)
         return results, t
+
+    def probe(plan: StepPlan) -> int:
+        """The estimates at arrival of ``plan``'s probes (kept for its result) and their cost
+        in prefill tokens: each the total its first token's estimate would bring."""
+        out, tokens = [], 0
+        for p in plan.probes:
+            jid = p.job_id
+            estimate = 1.0 + (specs[jid].output_tokens - 1) * ratio[jid]
+            if arrival_probe_error > 0 and len(p.token_ids) < p.prompt_tokens:
+                noise = random.Random(prediction_seed * 1_000_033 + jid)
+                estimate *= math.exp(noise.gauss(0.0, arrival_probe_error))
+            out.append((jid, estimate))
+            tokens += len(p.token_ids)
+        estimated[plan.step_id] = out
+        return round(tokens * PROBE_COST)
 
     def pipelined() -> tuple[float, float | None]:
         """The run with up to ``depth`` plans in flight per group: the next event of all
@@ -408,7 +443,8 @@ def simulate(
                 b = g.pipe.pop()
                 g.blocked = False
                 num_done = 0
-                result = StepResult(b.results, [], b.end - b.start, swap_wait_s=b.swap_wait_s)
+                result = StepResult(b.results, [], b.end - b.start, swap_wait_s=b.swap_wait_s,
+                                    estimates=estimated.pop(b.plan.step_id, []))
                 for u in core.update(b.plan.step_id, result, at):
                     if u.finished:
                         record(u.job)
@@ -433,7 +469,7 @@ def simulate(
                     admit_until(g.now)
                 continue
             # Plans that compute nothing while nothing else is in flight: see the loop below.
-            stuck = not plan.commands and core.jobs and not len(g.pipe)
+            stuck = not plan.commands and not plan.probes and core.jobs and not len(g.pipe)
             g.num_idle_plans = g.num_idle_plans + 1 if stuck else 0
             if g.num_idle_plans > MAX_IDLE_PLANS:
                 raise _stalled(core, at, config)
@@ -470,7 +506,8 @@ def simulate(
             if replicas > 1 and g.now > now:
                 admit_until(g.now)  # the next arrival may go to another group
             continue
-        g.num_idle_plans = g.num_idle_plans + 1 if not plan.commands and core.jobs else 0
+        g.num_idle_plans = (g.num_idle_plans + 1
+                            if not plan.commands and not plan.probes and core.jobs else 0)
         if g.num_idle_plans > MAX_IDLE_PLANS:
             raise _stalled(core, now, config)
         results, t = answer(plan, core)
@@ -480,7 +517,9 @@ def simulate(
         end = now + wait + t
         admit_until(end)  # arrived while the iteration ran, as in the service
         num_done = 0
-        for u in core.update(plan.step_id, StepResult(results, [], t, swap_wait_s=wait), end):
+        result = StepResult(results, [], t, swap_wait_s=wait,
+                            estimates=estimated.pop(plan.step_id, []))
+        for u in core.update(plan.step_id, result, end):
             if u.finished:
                 record(u.job)
                 num_done += 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.cost_model import CostModel
@@ -50,13 +51,7 @@ def throughput_at_slo(
     stop_at_first_miss: bool = True,
     progress: Callable[[int], None] | None = None,
     store_blocks: int = 0,
-    prediction_sigma: float | None = None,
-    prediction_seed: int = 0,
-    predictions: Sequence[float] | None = None,
-    replicas: int = 1,
-    prediction_refresh: int = 0,
-    predict_at_arrival: bool = False,
-    prediction_refresh_corr: float = 1.0,
+    **options: Any,
 ) -> SloSearch:
     """The highest arrival rate whose mean latency per output token stays under the SLO.
 
@@ -64,6 +59,7 @@ def throughput_at_slo(
     then ``refine_steps`` bisections between the best passing rate and the first failing one.
     Past the knee every job queues, so by default the grid stops at the first miss: those runs
     are the slowest to simulate and cannot change the answer when latency grows with load.
+    ``options``: the rest of ``simulate``'s (predictions, replicas...), for every run.
     """
     slo = default_slo(cost_model) if slo_s_per_token is None else slo_s_per_token
     search = SloSearch(config.policy, slo, None)
@@ -73,11 +69,7 @@ def throughput_at_slo(
                           num_blocks=num_blocks, block_size=block_size,
                           max_context=max_context, rate=rate, progress=progress,
                           store_blocks=store_blocks, stop_above_s_per_token=slo,
-                          prediction_sigma=prediction_sigma, prediction_seed=prediction_seed,
-                          predictions=predictions, replicas=replicas,
-                          prediction_refresh=prediction_refresh,
-                          predict_at_arrival=predict_at_arrival,
-                          prediction_refresh_corr=prediction_refresh_corr)
+                          **options)
         if result.stopped_at_s_per_token is not None:  # a certain miss, ended early
             search.curve.append(SloPoint(rate, result.stopped_at_s_per_token, False, {},
                                          lower_bound=True))

@@ -18,8 +18,7 @@ from worker_svc.predictor import FORMAT
 HIDDEN = 32  # tiny_tok_model
 
 
-@pytest.fixture()
-def predicting_cluster(tiny_tok_model, tmp_path):
+def _cluster(tiny_tok_model, tmp_path, *scheduler_args):
     f = HIDDEN + 2
     artifact = {"format": FORMAT, "hidden_size": HIDDEN, "layer": 1, "refresh": 8,
                 "mean": torch.zeros(f), "std": torch.ones(f), "w1": torch.zeros(f, 4),
@@ -31,7 +30,8 @@ def predicting_cluster(tiny_tok_model, tmp_path):
     port = free_port()
     try:
         scheduler = start_scheduler(str(tiny_tok_model), [worker.address], tmp_path,
-                                    "--policy", "predictive", "--metrics-port", str(port))
+                                    "--policy", "predictive", "--metrics-port", str(port),
+                                    *scheduler_args)
     except Exception:
         worker.stop()
         raise
@@ -40,6 +40,11 @@ def predicting_cluster(tiny_tok_model, tmp_path):
     channel.close()
     scheduler.stop()
     worker.stop()
+
+
+@pytest.fixture()
+def predicting_cluster(tiny_tok_model, tmp_path):
+    yield from _cluster(tiny_tok_model, tmp_path)
 
 
 def test_predictions_reach_final_status_and_metrics(predicting_cluster):
@@ -64,6 +69,33 @@ def test_predictions_reach_final_status_and_metrics(predicting_cluster):
     assert samples[("fastserve:prediction_error_tokens_count", frozenset())] == 1
     assert samples[("fastserve:prediction_error_tokens_sum", frozenset())] == pytest.approx(
         10.0, abs=1e-3)
+
+
+def test_jobs_that_wait_are_estimated_at_arrival_and_finish_as_alone(tiny_tok_model, tmp_path):
+    """One batch slot and four requests at once: the ones left waiting are probed (the
+    worker's Describe says it answers probes), and every answer is the one it gets alone."""
+    import concurrent.futures
+
+    cluster = _cluster(tiny_tok_model, tmp_path, "--max-batch-size", "1")
+    stub, port, _ = next(cluster)
+    try:
+        def run(i):
+            req = spb.GenerateRequest(
+                token_ids=spb.TokenIds(ids=[5 + i, 6, 7, 8 + i]), request_id=f"r{i}",
+                sampling=spb.SamplingOptions(max_tokens=12, temperature=0.0, ignore_eos=True))
+            return [t for r in stub.Generate(req, timeout=60) if r.HasField("chunk")
+                    for t in r.chunk.token_ids]
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            together = list(pool.map(run, range(4)))
+        samples = scrape_metrics(port)
+        probes = sum(v for (name, _), v in samples.items()
+                     if name == "fastserve:num_arrival_probes_total")
+        assert probes >= 1
+        assert together == [run(i) for i in range(4)]
+        assert all(len(t) == 12 for t in together)
+    finally:
+        next(cluster, None)
 
 
 def test_a_clients_length_hint_reaches_the_job(tiny_tok_model):

@@ -146,6 +146,55 @@ def test_ranks_in_threads_follow_rank_0_and_generate_what_one_engine_does(tiny_l
     assert engines[1].pool.config.num_kv_heads == 1  # its heads only
 
 
+def test_arrival_probes_run_on_every_rank_and_rank_0_estimates(tiny_llama_dir):
+    """Rank 0 alone holds the predictor; every rank runs the probes' forward (its
+    all-reduces are collective), and the estimates are one engine's."""
+    from dataclasses import replace
+
+    from test_arrival import _artifact
+
+    from worker_svc.engine import ArrivalProbe, StepCommand
+    from worker_svc.predictor import LengthPredictor
+
+    probes = [ArrivalProbe(50 + k, [(7 * k + 11 * i) % 256 for i in range(4 + 13 * k)], 60)
+              for k in range(3)]
+    single = load_engine(EngineConfig(str(tiny_llama_dir), num_blocks=64, block_size=4,
+                                      linear_kernel="blas", predictor="none")).engine
+    want_tokens = drive(single, _jobs(), chunk=5)
+    single.probe = LengthPredictor(_artifact(), 64, 2)
+    want = single.step(StepCommand(probes=probes)).estimates
+    group = ThreadGroup(2)
+    members = [group.member(r) for r in range(2)]
+    engines = [_shard_engine(tiny_llama_dir, m, 2) for m in members]
+    engines[0].probe = LengthPredictor(_artifact(), 64, 2)
+    assert engines[0].arrival_probes and not engines[1].arrival_probes
+    follower = threading.Thread(target=follow, args=(engines[1],))
+    follower.start()
+    try:
+        before = members[0].reduces
+        got = engines[0].step(StepCommand(probes=probes)).estimates
+        # One pass through both layers (the predictor's is the last): two all-reduces each.
+        assert members[0].reduces - before == 4
+        step = engines[0].step
+        seen = []
+
+        def with_probes(cmd):
+            seen.append(step(replace(cmd, probes=probes)))
+            return seen[-1]
+
+        engines[0].step = with_probes
+        tokens = drive(engines[0], _jobs(), chunk=5)
+    finally:
+        members[0].send_command(None)
+        follower.join(60)
+    assert [e.job_id for e in got] == [p.job_id for p in probes]
+    for g, w in zip(got, want, strict=True):
+        assert g.predicted_output_tokens == pytest.approx(w.predicted_output_tokens, rel=1e-4)
+    assert tokens == want_tokens and all(len(o.estimates) == 3 for o in seen)
+    assert members[1].reduces == members[0].reduces
+    assert engines[1].pool.num_used_blocks == 0
+
+
 def _shm_rank(rank, size, name_q, out_q, value):
     shm = ShmAllReduce(rank, size, 10.0, None if rank == 0 else name_q.get())
     if rank == 0:

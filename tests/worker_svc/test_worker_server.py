@@ -150,6 +150,7 @@ def test_describe(worker, tiny_llama_dir):
     assert list(d.eos_token_ids) == []
     assert d.worker_version == fastserve.__version__
     assert (d.kvstore_address, d.store_connected, d.store_capacity_blocks) == ("", False, 0)
+    assert not d.predictor and not d.arrival_probes  # no predictor for this model
 
 
 def test_health_serving(worker):

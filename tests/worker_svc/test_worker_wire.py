@@ -12,6 +12,8 @@ from fastserve.proto import build
 from fastserve.proto import worker_pb2 as pb
 from worker_svc import wire
 from worker_svc.engine import (
+    ArrivalEstimate,
+    ArrivalProbe,
     ErrorCode,
     JobCommand,
     JobError,
@@ -45,6 +47,7 @@ step_commands = st.builds(
     free_job_ids=st.lists(uint64, max_size=3),
     swap_out=st.lists(uint64, max_size=3),
     swap_in=st.lists(st.builds(SwapIn, uint64, ids), max_size=3),
+    probes=st.lists(st.builds(ArrivalProbe, uint64, ids, uint32), max_size=3),
 )
 swap_stats = st.builds(
     SwapStats,
@@ -69,6 +72,7 @@ step_outcomes = st.builds(
     compute_time_s=st.floats(allow_nan=False),
     swap_wait_s=st.floats(allow_nan=False),
     swap=swap_stats,
+    estimates=st.lists(st.builds(ArrivalEstimate, uint64, float32), max_size=3),
 )
 
 

@@ -8,7 +8,8 @@ over their gathered KV blocks.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -207,11 +208,64 @@ class LlamaModel:
         x = self._rms_norm(x[meta.logits_index], self.final_norm)
         return self.lm_head(x).float()
 
+    @torch.inference_mode()
+    def hidden_at(self, input_ids: torch.Tensor, lengths: Sequence[int],
+                  layer: int) -> torch.Tensor:
+        """The residual stream after decoder ``layer`` at the last token of each segment of
+        ``input_ids`` [T] (consecutive runs of ``lengths`` tokens, summing to T): ``[S,
+        hidden]``, what ``BatchMetadata.probes[layer]`` holds for a sampled row.
+
+        Each segment is a sequence of its own: positions 0..n-1, causal (and windowed)
+        attention over its own tokens only, as the prefill of a prompt of those tokens alone
+        computes them. No KV pool is read or written, and no layer after ``layer`` runs. The
+        plain PyTorch steps of ``forward`` (no native kernels): its numbers up to float
+        rounding. In a tensor-parallel group every rank calls it with the same arguments
+        (each layer's two all-reduces are collective)."""
+        s = self.spec
+        assert self.embed is not None and layer in self.layer_range, \
+            f"layer {layer} is not reachable from the embedding on this stage"
+        assert len(lengths) > 0 and min(lengths) > 0 and sum(lengths) == input_ids.shape[0]
+        dev = input_ids.device
+        positions = torch.cat([torch.arange(n, device=dev) for n in lengths])
+        cos = self.cos[positions].unsqueeze(1)  # [T, 1, head_dim]
+        sin = self.sin[positions].unsqueeze(1)
+        x = F.embedding(input_ids, self.embed)  # [T, hidden]
+        num_tokens = x.shape[0]
+        q_size = s.num_heads * s.head_dim
+        kv_size = s.num_kv_heads * s.head_dim
+        qk_heads = s.num_heads + s.num_kv_heads
+        window = s.sliding_window
+        pending = torch.zeros_like(x)
+        for weights in self.layers[: layer - self.layer_range.start + 1]:
+            x.add_(pending)
+            h = self._rms_norm(x, weights["in_norm"])
+            qkv = weights["qkv"](h)
+            qk = self._rope(qkv[:, : q_size + kv_size].view(num_tokens, qk_heads, s.head_dim),
+                            cos, sin)
+            q, k = qk[:, : s.num_heads], qk[:, s.num_heads :]
+            v = qkv[:, q_size + kv_size :].view(num_tokens, s.num_kv_heads, s.head_dim)
+            attn = q.new_empty(q.shape)  # [T, heads, head_dim]
+            start = 0
+            for n in lengths:
+                rows = slice(start, start + n)
+                mask = None
+                if window is not None and n > window:
+                    pos = torch.arange(n, device=dev)
+                    mask = (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - window)
+                attn[rows] = self._sdpa(q[rows], k[rows].transpose(0, 1).unsqueeze(0),
+                                        v[rows].transpose(0, 1).unsqueeze(0), mask)
+                start += n
+            x.add_(self._sum(weights["o"](attn.view(num_tokens, -1))))
+            h = self._rms_norm(x, weights["post_norm"])
+            gate, up = weights["gate_up"](h).chunk(2, dim=-1)
+            pending = self._sum(weights["down"](F.silu(gate) * up))
+        last = torch.tensor(list(itertools.accumulate(lengths)), device=dev) - 1
+        return x[last] + pending[last]
+
     def _attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    meta: BatchMetadata, pool: KVPool) -> torch.Tensor:
         s = self.spec
         out = q.new_empty(q.shape)  # [T, heads, head_dim], contiguous
-        group = s.num_heads // s.num_kv_heads
         k_blocks, v_blocks = pool.layer_blocks(layer)  # [num_blocks, block_size, kvh, d]
         for seg in meta.prefills:
             rows = slice(seg.start, seg.start + seg.num_tokens)
@@ -221,28 +275,34 @@ class LlamaModel:
                                         seg.block_table, seg.context_len, s.sliding_window,
                                         self.scale):
                 continue
-            qs = q[rows].transpose(0, 1).unsqueeze(0)  # [1, heads, n, d]
             if seg.mask is None:
                 ks = k[rows].transpose(0, 1).unsqueeze(0)  # [1, kvh, n, d]
                 vs = v[rows].transpose(0, 1).unsqueeze(0)
             else:
                 ks = _gather(k_blocks, seg.block_table, seg.context_len)
                 vs = _gather(v_blocks, seg.block_table, seg.context_len)
-            if group > 1:
-                # The KV heads repeated for their query heads, as enable_gqa does: the same
-                # numbers, and PyTorch's CPU flash kernel ran ~10% faster on them.
-                ks = ks.repeat_interleave(group, dim=1)
-                vs = vs.repeat_interleave(group, dim=1)
-            o = F.scaled_dot_product_attention(
-                qs, ks, vs, is_causal=seg.mask is None and seg.num_tokens > 1,
-                attn_mask=seg.mask, scale=self.scale)
-            out[rows] = o[0].transpose(0, 1)
+            out[rows] = self._sdpa(q[rows], ks, vs, seg.mask)
         if meta.decode is not None:
             d = meta.decode
             qd = q.index_select(0, d.token_index)  # [B, heads, d]
             out.index_copy_(0, d.token_index, self._decode_attention(qd, k_blocks, v_blocks, d))
         return out.view(q.shape[0], -1)
 
+    def _sdpa(self, q: torch.Tensor, ks: torch.Tensor, vs: torch.Tensor,
+              mask: torch.Tensor | None) -> torch.Tensor:
+        """One sequence's attention with SDPA: ``q`` [n, heads, d] against ``ks``, ``vs``
+        [1, kv_heads, L, d]; plain causal (L == n) when ``mask`` [n, L] is None. Returns
+        [n, heads, d]."""
+        group = self.spec.num_heads // self.spec.num_kv_heads
+        if group > 1:
+            # The KV heads repeated for their query heads, as enable_gqa does: the same
+            # numbers, and PyTorch's CPU flash kernel ran ~10% faster on them.
+            ks = ks.repeat_interleave(group, dim=1)
+            vs = vs.repeat_interleave(group, dim=1)
+        qs = q.transpose(0, 1).unsqueeze(0)  # [1, heads, n, d]
+        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=mask is None and q.shape[0] > 1,
+                                           attn_mask=mask, scale=self.scale)
+        return o[0].transpose(0, 1)
 
     def _decode_attention(self, q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor,
                           d: DecodeGroup) -> torch.Tensor:

@@ -91,6 +91,14 @@ class Policy(ABC):
         """``job`` was planned for the first time, in the Step being formed (its prefill
         begins). Called during the walk: the order being walked must not change."""
 
+    # Whether the policy ranks by predicted output lengths: only then does the core ask the
+    # worker for estimates at arrival (``SchedulerConfig.arrival_probe_tokens``).
+    ranks_by_prediction: ClassVar[bool] = False
+
+    def on_estimate(self, job: Job, now: float) -> None:  # noqa: B027 - a default hook
+        """A job that has not started got its first predicted length (an estimate at
+        arrival): a policy that ranks by it re-ranks the job. Called outside ``schedule()``."""
+
     def on_iteration(self, ran: list[Job], elapsed_s: float,  # noqa: B027 - a default hook
                      now: float) -> None:
         """An iteration that ran ``ran`` took ``elapsed_s``: charge service, demote..."""

@@ -36,6 +36,7 @@ STARVE_TOKENS = 16
 class Predictive(Policy):
     name = "predictive"
     passes_new_jobs = True
+    ranks_by_prediction = True
 
     def __init__(self, config: SchedulerConfig, cost_model: CostModel | None = None):
         super().__init__(config, cost_model)
@@ -68,6 +69,19 @@ class Predictive(Policy):
         self._jobs[job.job_id] = job
         self._ranked.add(job)
         self._touch(job, now)
+
+    def on_estimate(self, job: Job, now: float) -> None:
+        # Ranked as if predicted at arrival: its key, and its starvation deadline counted from
+        # its arrival with the limit its predicted size gives (a promoted job stays promoted).
+        jid = job.job_id
+        if jid not in self._jobs:
+            return
+        if self._boosted.remove(jid):
+            self._boosted.add(job)
+            return
+        self._ranked.remove(jid)
+        self._ranked.add(job)
+        self.starvation.touch(jid, job.arrival_time, 1.0 + self.remaining(job) / STARVE_TOKENS)
 
     def remove(self, job: Job) -> None:
         jid = job.job_id
