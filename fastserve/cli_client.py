@@ -177,7 +177,8 @@ def format_status(status: dict) -> str:
         if w.get("predictor"):
             predictors.append(f"  {w.get('address', '?')}: {w['predictor']}; "
                               f"{w.get('num_predicted', 0)} answers predicted, MAE "
-                              f"{float(w.get('prediction_mae_tokens', 0.0)):.1f} tokens")
+                              f"{float(w.get('prediction_mae_tokens', 0.0)):.1f} tokens, "
+                              f"{w.get('num_probes', 0)} estimated at arrival")
     if len(rows) == 1:
         return "\n".join([*lines, "workers   none"])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

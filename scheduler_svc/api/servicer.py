@@ -38,7 +38,7 @@ _WORKER_STATS = (
     "num_blocks", "num_used_blocks", "num_iterations", "num_preemptions", "num_recomputes",
     "num_demotions", "num_promotions", "store_blocks", "store_used_blocks", "num_offloaded",
     "num_swap_outs", "num_swap_ins", "num_kv_lost", "swap_wait_s", "num_predicted",
-    "prediction_mae_tokens", "num_running", "num_waiting",
+    "prediction_mae_tokens", "num_running", "num_waiting", "num_probes",
 )
 
 def _next_text(detok: IncrementalDetokenizer, ids: list[int],

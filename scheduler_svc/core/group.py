@@ -23,6 +23,7 @@ from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.contract import ArrivalProbe, JobUpdate, Stats, StepPlan, StepResult
 from scheduler_svc.core.cost_model import CostModel
 from scheduler_svc.core.job import Job, JobStatus, Placement
+from scheduler_svc.core.kv.allocator import blocks_for
 from scheduler_svc.core.kv.ledger import KVLedger
 from scheduler_svc.core.kv.policies import make_kv_policy
 from scheduler_svc.core.policies import Policy, make_policy
@@ -55,6 +56,7 @@ class GroupCore:
         self._pending_frees: list[int] = []
         self._num_waiting = 0  # live jobs never scheduled
         self._num_waiting_single = 0  # of them, those with a one-token prompt
+        self._waiting_prompt_tokens = 0  # their prompts' tokens, in all
         self.num_iterations = 0
         self.num_preemptions = 0
         self.num_finished: dict[str, int] = {}
@@ -101,6 +103,7 @@ class GroupCore:
         self.added_since_plan += 1
         self._num_waiting += not job.started
         self._num_waiting_single += not job.started and len(job.prompt) == 1
+        self._waiting_prompt_tokens += 0 if job.started else len(job.prompt)
         self.policy.add(job, now)
         self.kv_policy.on_arrival(job, now)
         if (self.arrival_probes and not job.started and not job.output
@@ -170,6 +173,7 @@ class GroupCore:
         the worker told to free it in the next Step."""
         self._num_waiting -= not job.started
         self._num_waiting_single -= not job.started and len(job.prompt) == 1
+        self._waiting_prompt_tokens -= 0 if job.started else len(job.prompt)
         self.kv.release(job)
         self.kv.unstore(job)  # the worker frees its store handles with the job
         if job.kv.on_worker:
@@ -213,6 +217,7 @@ class GroupCore:
         self.batcher.form(step, len(self.jobs), self._num_waiting, self._num_waiting_single)
         self._num_waiting -= len(step.started)
         self._num_waiting_single -= sum(len(j.prompt) == 1 for j in step.started)
+        self._waiting_prompt_tokens -= sum(len(j.prompt) for j in step.started)
         chosen = step.chosen
         # Preempted: a job of the last plans (one per pipeline stage) that is live, left out
         # of this one, and not in another plan still in flight.
@@ -244,15 +249,23 @@ class GroupCore:
     def _probe(self, plan: StepPlan, chosen: set[int]) -> None:
         """Ask the worker for an estimate at arrival of the jobs that wait: those left out of
         this plan, oldest first, up to ``max_batched_tokens`` probe tokens (at least one
-        probe). A job that starts first gets its estimate with its first token instead."""
+        probe), while they are in for a wait: the oldest of them finds too few blocks free
+        for its prompt, or the prompts waiting to start fill more than two Steps' prefill
+        tokens. Otherwise a job left out starts within a Step or two, and its first token
+        brings the same estimate without the probe's compute (about 3/4 of a short prompt's
+        prefill again)."""
         k, budget = self.config.arrival_probe_tokens, self.config.max_batched_tokens
-        queue, jobs = self._to_probe, self.jobs
+        queue, jobs, kv = self._to_probe, self.jobs, self.kv
+        backlog = self._waiting_prompt_tokens > 2 * budget
         while queue:
             job = queue[0]
             if (jobs.get(job.job_id) is not job or job.started or job.job_id in chosen
                     or job.predicted_output_tokens is not None):
                 queue.popleft()
                 continue
+            if (not plan.probes and not backlog and blocks_for(len(job.prompt) + 1, kv.block_size)
+                    + self.batcher.watermark_blocks <= kv.num_free):
+                return  # room for it: it starts soon, estimated by its first token
             n = min(k, len(job.prompt))
             if plan.probes and n > budget:
                 break
@@ -386,6 +399,8 @@ class GroupCore:
         assert self._num_waiting == sum(1 for j in self.jobs.values() if not j.started)
         assert self._num_waiting_single == sum(
             1 for j in self.jobs.values() if not j.started and len(j.prompt) == 1)
+        assert self._waiting_prompt_tokens == sum(
+            len(j.prompt) for j in self.jobs.values() if not j.started)
         self.kv.check(self.jobs.values())
         seen: set[int] = set()
         for plan in self._in_flight.values():

@@ -27,9 +27,11 @@ def _answer(core, plan, now, estimates, check=True):
         core.check_invariants()
 
 
-def _busy_core(**overrides):
-    """A predictive core whose one batch slot job 0 holds (a long decode)."""
-    core = make_core(cost_model=LINEAR, policy="predictive", max_batch_size=1, **overrides)
+def _busy_core(num_blocks=5, **overrides):
+    """A predictive core with one batch slot, job 0 (a long decode) in it holding 2 of its
+    ``num_blocks`` blocks of 4 tokens."""
+    core = make_core(num_blocks=num_blocks, cost_model=LINEAR, policy="predictive",
+                     max_batch_size=1, **overrides)
     core.arrival_probes = True
     core.add(make_job(0, prompt_len=5, max_tokens=50), 0.0)
     run_step(core, 0.0, {0: 7})  # its prefill; its first token's estimate is none
@@ -42,7 +44,8 @@ def test_jobs_that_wait_are_probed_once_with_their_prompts_tail():
     core.add(make_job(2, prompt_len=8, max_tokens=40), 0.05)
     core.add(make_job(3, prompt_len=2, max_tokens=40), 0.05)
     plan = core.schedule(0.1)
-    # All rank first (no prediction yet), the batch holds one: job 1 runs, 2 and 3 wait.
+    # All rank first (no prediction yet), the batch holds one: job 1 runs, 2 and 3 wait,
+    # and the oldest of them, 2, finds 2 blocks free for the 3 its prompt needs.
     assert [c.job_id for c in plan.commands] == [1]
     assert [(p.job_id, p.token_ids, p.prompt_tokens) for p in plan.probes] == [
         (2, [15, 16, 17], 8), (3, [10, 11], 2)]  # the last 3 tokens; a shorter whole prompt
@@ -75,6 +78,34 @@ def test_a_waiting_job_is_ranked_by_its_estimate_before_its_prefill():
         core2.add(make_job(jid, prompt_len=6, max_tokens=40), 0.04)
     plan = core2.schedule(0.05)
     assert plan.probes == [] and core2.jobs[2].predicted_output_tokens is None
+
+
+def test_a_job_that_waits_only_for_a_batch_slot_is_not_probed():
+    """Its first token, a Step or two away, brings the same estimate for free."""
+    core = _busy_core(num_blocks=64)
+    core.add(make_job(1, prompt_len=6, max_tokens=40), 0.05)
+    core.add(make_job(2, prompt_len=6, max_tokens=40), 0.05)
+    plan = core.schedule(0.1)
+    assert [c.job_id for c in plan.commands] == [1] and plan.probes == []
+    _answer(core, plan, 0.1, {})
+    plan = core.schedule(0.2)  # 2 now takes the slot
+    assert [c.job_id for c in plan.commands] == [2] and plan.probes == []
+    assert core.stats().num_probes == 0
+
+
+def test_jobs_behind_more_than_two_steps_of_prompts_are_probed_with_room_to_spare():
+    """Plenty of blocks, but the prompts waiting to start fill more than two Steps' prefill
+    tokens: the jobs left out wait for prefill, and are probed."""
+    core = _busy_core(num_blocks=64, max_batched_tokens=8)
+    for jid in range(1, 5):
+        core.add(make_job(jid, prompt_len=6, max_tokens=40), 0.05)  # 24 > 2 x 8 tokens
+    plan = core.schedule(0.1)
+    assert [c.job_id for c in plan.commands] == [1]
+    assert [p.job_id for p in plan.probes] == [2]  # 6 probe tokens of 8, then the budget
+    core2 = _busy_core(num_blocks=64, max_batched_tokens=9)
+    for jid in range(1, 4):
+        core2.add(make_job(jid, prompt_len=6, max_tokens=40), 0.05)  # 18, not over 2 x 9
+    assert core2.schedule(0.1).probes == []
 
 
 def test_probe_tokens_per_step_are_bounded_and_the_rest_wait_their_turn():
@@ -155,12 +186,13 @@ def test_the_simulated_worker_answers_probes_and_charges_them():
 
 
 def test_the_simulated_tail_error_applies_only_to_prompts_longer_than_the_tail():
+    """(One 64-token job fills the 10 blocks: the others wait for memory, probed.)"""
     from scheduler_svc.core.config import SchedulerConfig
 
     def run(err, prompt):
         config = SchedulerConfig(policy="predictive", max_batch_size=1, arrival_probe_tokens=16)
         reqs = [TraceRequest(0.0, prompt, 40 + 3 * i) for i in range(5)]
-        r = simulate(reqs, config=config, cost_model=LINEAR, num_blocks=512, block_size=16,
+        r = simulate(reqs, config=config, cost_model=LINEAR, num_blocks=10, block_size=16,
                      prediction_sigma=0.0, prediction_refresh=16, arrival_probe_error=err)
         return [round(x.finish_s, 6) for x in r.records]
 

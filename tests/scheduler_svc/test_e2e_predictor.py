@@ -18,7 +18,7 @@ from worker_svc.predictor import FORMAT
 HIDDEN = 32  # tiny_tok_model
 
 
-def _cluster(tiny_tok_model, tmp_path, *scheduler_args):
+def _cluster(tiny_tok_model, tmp_path, *scheduler_args, num_blocks=256):
     f = HIDDEN + 2
     artifact = {"format": FORMAT, "hidden_size": HIDDEN, "layer": 1, "refresh": 8,
                 "mean": torch.zeros(f), "std": torch.ones(f), "w1": torch.zeros(f, 4),
@@ -26,7 +26,8 @@ def _cluster(tiny_tok_model, tmp_path, *scheduler_args):
                 "b2": torch.tensor([math.log(10.0)]), "info": {}}  # always 9 to come
     path = tmp_path / "predictor.pt"
     torch.save(artifact, path)
-    worker = start_worker(str(tiny_tok_model), tmp_path, 256, "worker", "--predictor", str(path))
+    worker = start_worker(str(tiny_tok_model), tmp_path, num_blocks, "worker", "--predictor",
+                          str(path))
     port = free_port()
     try:
         scheduler = start_scheduler(str(tiny_tok_model), [worker.address], tmp_path,
@@ -72,16 +73,17 @@ def test_predictions_reach_final_status_and_metrics(predicting_cluster):
 
 
 def test_jobs_that_wait_are_estimated_at_arrival_and_finish_as_alone(tiny_tok_model, tmp_path):
-    """One batch slot and four requests at once: the ones left waiting are probed (the
-    worker's Describe says it answers probes), and every answer is the one it gets alone."""
+    """Three blocks of 16 tokens, 20-token prompts, four requests at once: one job holds two
+    blocks, the others wait for memory and are probed (the worker's Describe says it answers
+    probes), and every answer is the one it gets alone."""
     import concurrent.futures
 
-    cluster = _cluster(tiny_tok_model, tmp_path, "--max-batch-size", "1")
+    cluster = _cluster(tiny_tok_model, tmp_path, "--max-batch-size", "1", num_blocks=3)
     stub, port, _ = next(cluster)
     try:
         def run(i):
             req = spb.GenerateRequest(
-                token_ids=spb.TokenIds(ids=[5 + i, 6, 7, 8 + i]), request_id=f"r{i}",
+                token_ids=spb.TokenIds(ids=[5 + i, *range(6, 25)]), request_id=f"r{i}",
                 sampling=spb.SamplingOptions(max_tokens=12, temperature=0.0, ignore_eos=True))
             return [t for r in stub.Generate(req, timeout=60) if r.HasField("chunk")
                     for t in r.chunk.token_ids]
@@ -92,6 +94,8 @@ def test_jobs_that_wait_are_estimated_at_arrival_and_finish_as_alone(tiny_tok_mo
         probes = sum(v for (name, _), v in samples.items()
                      if name == "fastserve:num_arrival_probes_total")
         assert probes >= 1
+        status = stub.Status(spb.StatusRequest(), timeout=10)
+        assert status.workers[0].num_probes == probes
         assert together == [run(i) for i in range(4)]
         assert all(len(t) == 12 for t in together)
     finally:
