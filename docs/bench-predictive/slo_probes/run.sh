@@ -8,11 +8,7 @@
 # Usage: bash docs/bench-predictive/slo_probes/run.sh   (from the repository root; ~30 min)
 set -euo pipefail
 out=docs/bench-predictive/slo_probes
-declare -A file=([sharegpt]=../shared/traces/sharegpt_lengths_llama2.csv
-                 [azure]=../shared/traces/AzureLLMInferenceTrace_conv.csv)
-declare -A grid=([sharegpt]=0.25,0.5,0.75,1,1.25,1.5,2,2.5,3,4
-                 [azure]=0.5,1,1.5,2,2.5,3,4,5,6,8)
-declare -A rate=([sharegpt]="--rate 0.5" [azure]="")
+source docs/bench-predictive/slo_traces.sh
 for store in 0 40000; do
   for t in sharegpt azure; do
     for cv in 1 4; do
