@@ -77,6 +77,11 @@ class SchedulerConfig:
         "while the tokens dropped so far are at most this fraction of the prompt tokens "
         "prefilled so far (each dropped token is computed again); beyond it they wait for "
         "free blocks, as under defer, so recomputation costs a bounded share of the device")
+    kv_growth_reserve: int = setting(
+        3, "blocks per job holding KV on the device that a new job must leave free when it "
+        "starts, under a policy whose arrivals preempt while paused jobs' KV has nowhere to go "
+        "(no store room, or a KV policy that does not swap): started jobs then have room to grow "
+        "instead of being recomputed by the last resort; 0: only the watermark")
     arrival_probe_tokens: int = setting(
         128, "predictive: a job that waits for room is estimated before its prefill from its "
         "prompt's last this-many tokens (the worker runs them up to its predictor's layer, no "
@@ -106,4 +111,5 @@ class SchedulerConfig:
         check("kv_headroom_window_s", self.kv_headroom_window_s >= 0, ">= 0")
         check("kv_headroom_max", 0.0 <= self.kv_headroom_max < 1.0, "in [0, 1)")
         check("kv_recompute_budget", self.kv_recompute_budget >= 0, ">= 0")
+        check("kv_growth_reserve", self.kv_growth_reserve >= 0, ">= 0")
         check("arrival_probe_tokens", 0 <= self.arrival_probe_tokens <= 65536, "in [0, 65536]")

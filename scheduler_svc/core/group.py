@@ -252,8 +252,8 @@ class GroupCore:
         probe), while they are in for a wait: the oldest of them finds too few blocks free
         for its prompt, or the prompts waiting to start fill more than two Steps' prefill
         tokens. Otherwise a job left out starts within a Step or two, and its first token
-        brings the same estimate without the probe's compute (about 3/4 of a short prompt's
-        prefill again)."""
+        brings the same estimate without the probe's compute (most of a short prompt's
+        prefill again: 0.8-1.0x of it on this CPU)."""
         k, budget = self.config.arrival_probe_tokens, self.config.max_batched_tokens
         queue, jobs, kv = self._to_probe, self.jobs, self.kv
         backlog = self._waiting_prompt_tokens > 2 * budget
@@ -264,7 +264,7 @@ class GroupCore:
                 queue.popleft()
                 continue
             if (not plan.probes and not backlog and blocks_for(len(job.prompt) + 1, kv.block_size)
-                    + self.batcher.watermark_blocks <= kv.num_free):
+                    + self.batcher.start_reserve <= kv.num_free):
                 return  # room for it: it starts soon, estimated by its first token
             n = min(k, len(job.prompt))
             if plan.probes and n > budget:

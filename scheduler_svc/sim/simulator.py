@@ -213,9 +213,9 @@ def simulate(
     between: correlation 0.80 between one refresh and the next, about 0.5 at 8 apart.
     With ``prediction_refresh`` (and not ``predict_at_arrival``), a policy that ranks by
     predictions also gets estimates at arrival as the service does
-    (``config.arrival_probe_tokens``): a job left out of a plan is probed in it, at
-    ``PROBE_COST`` of a prefill per tail token, and its estimate is the one its first token
-    would bring; ``arrival_probe_error`` sigma > 0 multiplies it by ``exp(N(0, sigma))`` when
+    (``config.arrival_probe_tokens``, ``GroupCore._probe``: a job left out of a plan while in
+    for a wait), at ``PROBE_COST`` of a prefill per tail token, its estimate the one its first
+    token would bring; ``arrival_probe_error`` sigma > 0 multiplies it by ``exp(N(0, sigma))`` when
     the tail is shorter than the prompt (a tail that ranks worse than the whole prompt).
 
     ``cost_model`` may be split over a group (``CostModel.split``): its times are then the

@@ -30,6 +30,7 @@ def _answer(core, plan, now, estimates, check=True):
 def _busy_core(num_blocks=5, **overrides):
     """A predictive core with one batch slot, job 0 (a long decode) in it holding 2 of its
     ``num_blocks`` blocks of 4 tokens."""
+    overrides.setdefault("kv_growth_reserve", 0)  # the blocks are few on purpose
     core = make_core(num_blocks=num_blocks, cost_model=LINEAR, policy="predictive",
                      max_batch_size=1, **overrides)
     core.arrival_probes = True
