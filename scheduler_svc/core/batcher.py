@@ -312,7 +312,7 @@ class Batcher:
         self._promised += n
 
     def _short(self, job: Job, n: int) -> int:
-        """Free blocks ``job`` lacks to compute ``n`` tokens (new jobs: with the watermark)."""
+        """Free blocks ``job`` lacks to compute ``n`` tokens (new jobs: with the start reserve)."""
         ledger = self.ledger
         if _whole(job):
             reserve = self.start_reserve if ledger.holding else 0

@@ -39,7 +39,7 @@ def test_a_new_job_starts_only_if_it_leaves_room_for_the_started_ones_to_grow():
     assert 3 in {c.job_id for c in plan.commands}
 
 
-def test_without_it_or_where_paused_kv_can_move_only_the_watermark_holds_a_new_job_back():
+def test_without_it_or_under_fcfs_only_the_watermark_holds_a_new_job_back():
     for core in (_two_holders(kv_growth_reserve=0),
                  _two_holders(policy="fcfs")):  # FCFS's arrivals never preempt
         core.add(make_job(2, prompt_len=47, max_tokens=10), 0.1)
