@@ -190,10 +190,7 @@ class LlamaModel:
                 h = native.add_rms_norm(x, self._sum(layer["o"](attn)), layer["post_norm"], eps)
                 pending = self._sum(layer["down"](native.silu_mul(layer["gate_up"](h))))
             else:
-                x.add_(self._sum(layer["o"](attn)))
-                h = self._rms_norm(x, layer["post_norm"])
-                gate, up = layer["gate_up"](h).chunk(2, dim=-1)
-                pending = self._sum(layer["down"](F.silu(gate) * up))
+                pending = self._after_attention(x, attn, layer)
             if i + first in meta.probe_layers and meta.logits_index is not None:
                 rows = meta.logits_index
                 meta.probes[i + first] = x[rows] + pending[rows]
@@ -255,12 +252,19 @@ class LlamaModel:
                 attn[rows] = self._sdpa(q[rows], k[rows].transpose(0, 1).unsqueeze(0),
                                         v[rows].transpose(0, 1).unsqueeze(0), mask)
                 start += n
-            x.add_(self._sum(weights["o"](attn.view(num_tokens, -1))))
-            h = self._rms_norm(x, weights["post_norm"])
-            gate, up = weights["gate_up"](h).chunk(2, dim=-1)
-            pending = self._sum(weights["down"](F.silu(gate) * up))
+            pending = self._after_attention(x, attn.view(num_tokens, -1), weights)
         last = torch.tensor(list(itertools.accumulate(lengths)), device=dev) - 1
         return x[last] + pending[last]
+
+    def _after_attention(self, x: torch.Tensor, attn: torch.Tensor,
+                         layer: dict) -> torch.Tensor:
+        """The PyTorch steps after a layer's attention ``attn`` [T, heads * head_dim]: its output
+        projection added to the residual stream ``x`` (in place), then the MLP; returns the
+        MLP's output, which the next norm adds to ``x``."""
+        x.add_(self._sum(layer["o"](attn)))
+        h = self._rms_norm(x, layer["post_norm"])
+        gate, up = layer["gate_up"](h).chunk(2, dim=-1)
+        return self._sum(layer["down"](F.silu(gate) * up))
 
     def _attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    meta: BatchMetadata, pool: KVPool) -> torch.Tensor:

@@ -81,7 +81,7 @@ class Predictive(Policy):
             return
         self._ranked.remove(jid)
         self._ranked.add(job)
-        self.starvation.touch(jid, job.arrival_time, 1.0 + self.remaining(job) / STARVE_TOKENS)
+        self._touch(job, job.arrival_time)
 
     def remove(self, job: Job) -> None:
         jid = job.job_id
