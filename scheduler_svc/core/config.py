@@ -53,6 +53,11 @@ class SchedulerConfig:
         3.0, "MLFQ: seconds without running before a job is promoted to Q1 (starvation "
         "prevention; the FastServe authors' code uses 3 s, lower it for tighter tail latency); "
         "doubled for each promotion the job has had")
+    starve_tokens: float = setting(
+        4.0, "predictive: a job may wait starve_limit x (1 + predicted output tokens left / "
+        "this) before it is promoted, so the wait a wrong guess can cost grows with the job's "
+        "predicted size; lower lets long jobs wait longer behind short ones (a lower mean "
+        "latency under bursts, a longer tail), higher brings the MLFQ's fixed limit nearer")
     kv_policy: str = setting(
         "proactive", "what happens to the KV of paused jobs when device blocks run short "
         "(FastServe section 3): 'proactive' offloads the jobs with the largest Estimated Next "
@@ -107,6 +112,7 @@ class SchedulerConfig:
         check("mlfq_q1_quantum_s", self.mlfq_q1_quantum_s is None or self.mlfq_q1_quantum_s > 0,
               "> 0 (or unset)")
         check("starve_limit_s", self.starve_limit_s > 0, "> 0")
+        check("starve_tokens", self.starve_tokens > 0, "> 0")
         check("kv_policy", self.kv_policy in KV_POLICIES, f"one of {', '.join(KV_POLICIES)}")
         check("kv_headroom_window_s", self.kv_headroom_window_s >= 0, ">= 0")
         check("kv_headroom_max", 0.0 <= self.kv_headroom_max < 1.0, "in [0, 1)")

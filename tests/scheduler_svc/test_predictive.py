@@ -37,7 +37,8 @@ def test_a_job_past_its_prediction_ranks_by_the_tokens_it_made():
 
 
 def test_a_starving_job_goes_to_the_front_with_a_limit_that_grows_with_its_size_and_doubles():
-    core = make_core(cost_model=LINEAR, policy="predictive", starve_limit_s=1.0)
+    core = make_core(cost_model=LINEAR, policy="predictive", starve_limit_s=1.0,
+                     starve_tokens=16.0)
     pol = core.policy
     # 24 tokens to come: it may wait 1 s x (1 + 24 / 16) = 2.5 s.
     core.add(make_job(0, max_tokens=100, predicted_output_tokens=24.0), 0.0)
@@ -57,6 +58,29 @@ def test_a_starving_job_goes_to_the_front_with_a_limit_that_grows_with_its_size_
     # A job with nothing predicted waits the plain limit.
     core.add(make_job(2, max_tokens=100), 7.6)
     assert pol.starvation.deadline[2] == pytest.approx(8.6)
+
+
+@pytest.mark.parametrize("starve_tokens", [None, 2.0, 16.0])
+def test_the_starvation_limit_grows_by_one_limit_per_starve_tokens_predicted(starve_tokens):
+    settings = {} if starve_tokens is None else {"starve_tokens": starve_tokens}
+    core = make_core(cost_model=LINEAR, policy="predictive", starve_limit_s=2.0, **settings)
+    per_limit = starve_tokens or 4.0  # the default
+    core.add(make_job(0, max_tokens=100, predicted_output_tokens=24.0), 1.0)
+    core.add(make_job(1, max_tokens=100), 1.0)  # nothing predicted: the plain limit
+    want = 1.0 + 2.0 * (1 + 24 / per_limit)
+    assert core.policy.starvation.deadline[0] == pytest.approx(want)
+    assert core.policy.starvation.deadline[1] == pytest.approx(3.0)
+    b = core.jobs[1]
+    core.policy.on_iteration([b], 0.01, want - 0.02)  # job 1 runs; job 0 waits
+    assert [j.job_id for j in core.policy.order(want - 0.01)] == [1, 0]
+    assert core.policy.num_promotions == 0
+    assert [j.job_id for j in core.policy.order(want + 0.01)] == [0, 1]
+    assert core.policy.num_promotions == 1
+
+
+def test_starve_tokens_must_be_positive():
+    with pytest.raises(ValueError, match="starve_tokens must be > 0"):
+        SchedulerConfig(starve_tokens=0.0)
 
 
 @pytest.mark.skipif(not (SHARED_TRACES / "AzureLLMInferenceTrace_conv.csv").is_file(),

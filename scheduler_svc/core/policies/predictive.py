@@ -6,8 +6,8 @@
 | wrong guess | a job past its prediction, or with none, ranks by the tokens it has made     |
 |             | (least attained service, as an MLFQ approximates): the longer it has run,   |
 |             | the longer it is likely to run, so an underestimated job sinks               |
-| starvation  | a job that has not run for starve_limit x (1 + remaining / 16) x             |
-|             | 2^(times promoted) goes to the front until it runs (the MLFQ's promotion,    |
+| starvation  | a job that has not run for starve_limit x (1 + remaining / starve_tokens)   |
+|             | x 2^(times promoted) goes to the front until it runs (the MLFQ's promotion,  |
 |             | with the same backoff, and a wait that grows with the job's predicted size)  |
 | ties        | less prefill left first (a job already running before a new one), then       |
 |             | arrival order: at equal remaining output, the oracle's own tie-break         |
@@ -24,13 +24,13 @@ from scheduler_svc.core.policies.base import Policy, enst_by_place, register
 from scheduler_svc.core.policies.ranked import Key, Ranked, WalkSkip
 from scheduler_svc.core.policies.starvation import StarvationClock
 
-# Predicted output tokens per starvation limit a job may wait: its limit is
-# ``starve_limit x (1 + remaining / STARVE_TOKENS)``. A fixed limit for every job undid the
-# shortest-first order under load (the long jobs it promotes are the ones SRPT holds back): 248
-# ms mean latency per token against 145 ms with this scaling and 142 ms with no starvation
-# prevention at all (1,000 Azure conversations, 3 req/s, prediction sigma 0.75); the wait of a
-# long job stays bounded, in proportion to its size.
-STARVE_TOKENS = 16
+# The starvation limit grows with the job's predicted size, ``starve_limit x (1 + remaining /
+# starve_tokens)``: a fixed limit for every job undid the shortest-first order under load (the
+# long jobs it promotes are the ones SRPT holds back): 248 ms mean latency per token against
+# 145 ms with the size scaling at 16 tokens per limit and 142 ms with no starvation prevention
+# at all (1,000 Azure conversations, 3 req/s, prediction sigma 0.75). At 4 tokens per limit
+# (the default) throughput at the SLO under bursts rose again (docs/benchmarks.md, "A
+# starvation limit in proportion to the job"); the wait of a long job stays bounded.
 
 
 class Predictive(Policy):
@@ -46,6 +46,7 @@ class Predictive(Policy):
         self._boosted = Ranked(self._key)
         self._ranked = Ranked(self._key)
         self.starvation = StarvationClock(config.starve_limit_s)
+        self._starve_tokens = config.starve_tokens
 
     @staticmethod
     def remaining(job: Job) -> float:
@@ -63,7 +64,7 @@ class Predictive(Policy):
         return (cls.remaining(job), job.num_pending, job.job_id)
 
     def _touch(self, job: Job, now: float) -> None:
-        self.starvation.touch(job.job_id, now, 1.0 + self.remaining(job) / STARVE_TOKENS)
+        self.starvation.touch(job.job_id, now, 1.0 + self.remaining(job) / self._starve_tokens)
 
     def add(self, job: Job, now: float) -> None:
         self._jobs[job.job_id] = job
