@@ -6,7 +6,7 @@
 | wrong guess | a job past its prediction, or with none, ranks by the tokens it has made     |
 |             | (least attained service, as an MLFQ approximates): the longer it has run,   |
 |             | the longer it is likely to run, so an underestimated job sinks               |
-| starvation  | a job that has not run for starve_limit x (1 + remaining / starve_tokens)   |
+| starvation  | a job that has not run for starve_limit x (1 + remaining / starve_tokens)    |
 |             | x 2^(times promoted) goes to the front until it runs (the MLFQ's promotion,  |
 |             | with the same backoff, and a wait that grows with the job's predicted size)  |
 | ties        | less prefill left first (a job already running before a new one), then       |
