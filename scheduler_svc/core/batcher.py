@@ -315,12 +315,20 @@ class Batcher:
         """Free blocks ``job`` lacks to compute ``n`` tokens (new jobs: with the start reserve)."""
         ledger = self.ledger
         if _whole(job):
-            reserve = self.start_reserve if ledger.holding else 0
-            reserve += self._promised - self._promises.get(job.job_id, 0)
-            need = blocks_for(job.num_tokens + 1, ledger.block_size) + reserve
+            need = self._start_need(job)
         else:
             need = blocks_for(job.kv.num_computed + n, ledger.block_size) - len(job.kv.blocks)
         return max(need - ledger.free_for(job), 0)
+
+    def _start_need(self, job: Job) -> int:
+        """Free blocks a job with no KV (new, or dropped) needs to start: its whole context
+        and first token, the start reserve while any job holds KV (the reserve is for started
+        jobs to grow into; with none, a prompt as long as the pool may use it all), and the
+        blocks promised to the new jobs walked before it."""
+        ledger = self.ledger
+        reserve = self.start_reserve if ledger.holding else 0
+        reserve += self._promised - self._promises.get(job.job_id, 0)
+        return blocks_for(job.num_tokens + 1, ledger.block_size) + reserve
 
     def _fit(self, job: Job, n: int, whole: bool = True) -> int:
         """How many of ``n`` tokens ``job`` can compute given free blocks (0 = it waits).
@@ -337,12 +345,7 @@ class Batcher:
             return 0
         ledger = self.ledger
         if whole and _whole(job):
-            need = blocks_for(job.num_tokens + 1, ledger.block_size)
-            # The reserve is for started jobs to grow into; with none, a prompt as long as
-            # the pool may use it all.
-            reserve = self.start_reserve if ledger.holding else 0
-            reserve += self._promised - self._promises.get(job.job_id, 0)
-            return n if need <= ledger.free_for(job) - reserve else 0
+            return n if self._start_need(job) <= ledger.free_for(job) else 0
         bs = ledger.block_size
         kv = job.kv
         need = blocks_for(kv.num_computed + n, bs) - len(kv.blocks)
