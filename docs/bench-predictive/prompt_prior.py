@@ -77,7 +77,7 @@ def main() -> None:
     embed = load_engine(EngineConfig(settings["model"], num_blocks=64,
                                      predictor="none")).engine.model.embed
     x = mean_embeddings(embed, prompts)
-    lengths = data["lengths"].double()
+    lengths = data["lengths"].double().reshape(-1, len(instructions))[0]  # first answers
     y = torch.log1p(lengths)
     cap = float(settings["max_tokens"])
 

@@ -3,10 +3,10 @@
 Stages, each reported on stderr:
 
 1. split the prompt file (``split.py``): the held-out instructions are never trained on;
-2. generate every prompt's answer with the serving settings (chat message, temperature,
-   top-p, a seed per prompt, the cap) on an in-process engine, recording hidden states of the
-   candidate layers (``collect.py``); the recording is saved to ``--data`` and reused when it
-   matches, since this is the slow stage;
+2. generate every prompt's answers (``--samples`` of them, each with its own seed) with the
+   serving settings (chat message, temperature, top-p, the cap) on an in-process engine,
+   recording hidden states of the candidate layers (``collect.py``); the recording is saved
+   to ``--data`` and reused when it matches, since this is the slow stage;
 3. fit one probe per candidate layer on the training prompts, choose the layer by its error on
    a validation slice of them, refit, and report the error on the held-out prompts
    (``fit.py``);
@@ -37,6 +37,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--temperature", type=float, default=0.2)
     t.add_argument("--top-p", type=float, default=0.9)
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--samples", type=int, default=1,
+                   help="answers generated per prompt, each with its own seed: the same "
+                        "prompt's answers vary in length, and more of them teach the probe "
+                        "the expected length rather than one draw")
     t.add_argument("--batch-size", type=int, default=16)
     t.add_argument("--layers", default="auto",
                    help="candidate layers, comma-separated (auto: quarters of the depth)")
@@ -70,15 +74,14 @@ def _train(args: argparse.Namespace) -> int:
 
     from fastserve.bench.prompts import load_instructions
     from fastserve.predictor import fit
-    from fastserve.predictor.collect import collect
+    from fastserve.predictor.collect import answer_sampling, collect_answers
     from fastserve.predictor.split import split
     from scheduler_svc.api.text import TextModel
     from worker_svc.loader import EngineConfig, load_engine
     from worker_svc.predictor import FORMAT, artifact_path
-    from worker_svc.sampler import SamplingParams
 
-    if args.max_tokens < 1 or args.batch_size < 1 or args.refresh < 1:
-        raise SystemExit("--max-tokens, --batch-size and --refresh must be >= 1")
+    if min(args.max_tokens, args.batch_size, args.refresh, args.samples) < 1:
+        raise SystemExit("--max-tokens, --batch-size, --refresh and --samples must be >= 1")
     progress = not args.no_progress
     instructions = load_instructions(args.prompts)
     train_idx, test_idx = split(instructions, args.holdout)
@@ -90,7 +93,8 @@ def _train(args: argparse.Namespace) -> int:
                 f.write(json.dumps({"instruction": instructions[i]}) + "\n")
     settings = {"model": args.model, "prompts": list(instructions),
                 "max_tokens": args.max_tokens, "temperature": args.temperature,
-                "top_p": args.top_p, "seed": args.seed, "refresh": args.refresh}
+                "top_p": args.top_p, "seed": args.seed, "refresh": args.refresh,
+                "samples": args.samples}
     data = None
     if args.data and pathlib.Path(args.data).is_file():
         data = torch.load(args.data, weights_only=True)
@@ -109,16 +113,17 @@ def _train(args: argparse.Namespace) -> int:
                                           predictor="none",
                                           max_context=longest + 16))
         layers = _layers(args.layers, loaded.spec.num_layers)
-        sampling = [SamplingParams(args.temperature, args.top_p, 0, args.seed * 1_000_003 + i)
-                    for i in range(len(prompts))]
-        samples, lengths = collect(
-            loaded.engine, prompts, eos=set(loaded.spec.eos_token_ids) | text.eos_token_ids,
-            max_tokens=args.max_tokens, sampling=sampling, batch_size=args.batch_size,
+        samples, lengths = collect_answers(
+            loaded.engine, prompts, samples=args.samples,
+            sampling=answer_sampling(len(prompts), args.samples, args.temperature,
+                                     args.top_p, args.seed),
+            eos=set(loaded.spec.eos_token_ids) | text.eos_token_ids,
+            max_tokens=args.max_tokens, batch_size=args.batch_size,
             layers=layers, refresh=args.refresh, progress=progress)
         feats, prompt_index, generated, remaining = samples.tensors()
         data = {"settings": settings, "layers": layers, "feats": feats,
                 "prompt_index": prompt_index, "generated": generated, "remaining": remaining,
-                "lengths": torch.tensor(lengths),
+                "lengths": torch.tensor(lengths),  # [answer k, prompt]
                 "hidden_size": loaded.spec.hidden_size, "model_path": loaded.model_path}
         if args.data:
             torch.save(data, args.data)

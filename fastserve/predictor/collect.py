@@ -14,6 +14,7 @@ import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -57,6 +58,33 @@ class Recorder:
         for r, (jid, g) in enumerate(zip(job_ids, generated)):
             self.pending.setdefault(jid, []).append((g, {k: v[r] for k, v in rows.items()}))
         return [None] * len(generated)
+
+
+def answer_sampling(n: int, samples: int, temperature: float, top_p: float, seed: int
+                    ) -> list[SamplingParams]:
+    """Sampling for ``samples`` answers to each of ``n`` prompts, answer k of prompt i seeded
+    ``(seed + k) * 1_000_003 + i`` (the first answers are the ones one sample gives), in the
+    order ``collect_answers`` generates them: every prompt's first answer, then the second..."""
+    return [SamplingParams(temperature, top_p, 0, (seed + k) * 1_000_003 + i)
+            for k in range(samples) for i in range(n)]
+
+
+def collect_answers(engine: Engine, prompts: Sequence[Sequence[int]], *, samples: int,
+                    sampling: Sequence[SamplingParams], **kwargs: Any
+                    ) -> tuple[Samples, list[list[int]]]:
+    """``samples`` answers to every prompt (``sampling``: one per answer, as
+    ``answer_sampling`` orders them), through ``collect`` (``kwargs``: its other arguments).
+    The same prompt's answers differ in length; several teach the probe the expected length
+    rather than one draw. Rows are labelled with their prompt's index (so a split by prompt
+    keeps a prompt's answers together); lengths come back per answer, then per prompt."""
+    n = len(prompts)
+    if samples < 1 or len(sampling) != samples * n:
+        raise ValueError(f"samples must be >= 1 with one sampling per answer "
+                         f"({samples} x {n}), got {samples} and {len(sampling)}")
+    out, lengths = collect(engine, [p for _ in range(samples) for p in prompts],
+                           sampling=sampling, **kwargs)
+    out.prompt_index = [i % n for i in out.prompt_index]
+    return out, [lengths[k * n:(k + 1) * n] for k in range(samples)]
 
 
 def collect(engine: Engine, prompts: Sequence[Sequence[int]], *, eos: set[int],

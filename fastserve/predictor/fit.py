@@ -119,8 +119,8 @@ def train(data: dict[str, Any], train_prompts: list[int], test_prompts: list[int
 
     in_train, in_val, in_test = rows_of(train_prompts), rows_of(val_prompts), rows_of(test_prompts)
     in_fit = in_train & ~in_val
-    lengths = data["lengths"].float()
-    baseline = float(lengths[torch.tensor(train_prompts)].mean())
+    lengths = data["lengths"].float()  # [answers per prompt, prompts]
+    baseline = float(lengths.reshape(-1, lengths.shape[-1])[:, train_prompts].mean())
 
     validation: dict[str, dict[str, float]] = {}
     best_layer, best_err, best_epochs = None, float("inf"), MAX_EPOCHS

@@ -72,3 +72,22 @@ def test_the_split_is_fixed_by_each_instructions_text():
     assert all(held_out(texts[i], 0.2) for i in test)
     with pytest.raises(ValueError, match="--holdout"):
         split(texts, 1.0)
+
+
+def test_a_prompts_answers_stay_on_its_side_and_all_count_in_the_baseline():
+    """Two answers per prompt (lengths [answer, prompt]): every held-out answer is scored,
+    none of a training prompt's, and the baseline is the mean over all training answers."""
+    one, two = _data(seed=0), _data(seed=1)
+    data = {"feats": {k: torch.cat([one["feats"][k], two["feats"][k]]) for k in (1, 3)},
+            **{k: torch.cat([one[k], two[k]]) for k in ("prompt_index", "generated",
+                                                         "remaining")},
+            "lengths": torch.stack([one["lengths"], two["lengths"]])}
+    train, test = list(range(96)), list(range(96, 120))
+    result = fit.train(data, train, test, max_tokens=512, progress=False)
+    first = result.held_out["first_token"]
+    assert first["rows"] == 48  # both answers of each of the 24 held-out prompts
+    baseline = float(data["lengths"][:, :96].float().mean())
+    t = data["remaining"][(data["prompt_index"] >= 96) & (data["generated"] == 1)]
+    assert first["baseline_mae_tokens"] == pytest.approx(float(((baseline - 1) - t).abs().mean()),
+                                                         rel=1e-5)
+    assert first["spearman"] > 0.9

@@ -179,3 +179,28 @@ def test_the_shipped_predictor_fits_the_default_model(default_model_dir):
                              spec.num_layers)
     held = p.info["held_out"]["first_token"]
     assert held["mae_tokens"] < held["baseline_mae_tokens"] and held["spearman"] > 0.3
+
+
+def test_several_answers_per_prompt_are_labelled_with_their_prompt(engine):
+    from fastserve.predictor.collect import answer_sampling, collect_answers
+
+    prompts = [_prompt(9 + i, 20 + i) for i in range(3)]
+    kwargs = {"eos": {1, 2, 3}, "max_tokens": 20, "batch_size": 1, "layers": (1,),
+              "refresh": 4, "progress": False}
+    samples, lengths = collect_answers(engine, prompts, samples=2,
+                                       sampling=answer_sampling(3, 2, 1.0, 1.0, 5), **kwargs)
+    assert len(lengths) == 2 and all(len(row) == 3 for row in lengths)
+    _, index, generated, remaining = samples.tensors()
+    assert sorted(set(index.tolist())) == [0, 1, 2]  # prompts, not answers
+    for p in range(3):
+        first = remaining[(index == p) & (generated == 1)]
+        assert sorted(first.tolist()) == sorted([lengths[0][p] - 1, lengths[1][p] - 1])
+    # Answer k of a prompt is the one a single sample with seed + k gives.
+    for k in (0, 1):
+        _, alone = collect(engine, prompts, sampling=answer_sampling(3, 1, 1.0, 1.0, 5 + k),
+                           **kwargs)
+        assert alone == lengths[k]
+    assert lengths[0] != lengths[1]  # the seeds differ, and so do the answers
+    with pytest.raises(ValueError, match="one sampling per answer"):
+        collect_answers(engine, prompts, samples=2, sampling=answer_sampling(3, 1, 1.0, 1.0, 5),
+                        **kwargs)
