@@ -6,7 +6,8 @@
 # new jobs ranked below it start only on blocks beyond its need (started jobs still grow).
 # Throughput at the SLO of `predictive` without a store, by prediction sigma, both traces,
 # Gamma CV 1 and 4; FCFS and the oracle at sigma 0.75. Applies the patch to a worktree of
-# BASE in /tmp and runs from there. Prints one line per case.
+# BASE in /tmp and runs from there. Prints one line per case. rs_rank.patch (setting
+# `rank_power`, for seeds.py) applies on top: git -C /tmp/fastserve-reserve-room apply ...
 # Usage: bash docs/bench-predictive/reserve_room/run.sh [MODES]   (from the repository root)
 set -euo pipefail
 modes=${1:-"0 1 2 4"}
