@@ -39,20 +39,11 @@ def log_sd(a: list[float], b: list[float]) -> float:
 def generate(prompts_file: str, seeds: int, max_tokens: int, batch_size: int
              ) -> list[list[int]]:
     from fastserve.bench.prompts import load_instructions
-    from fastserve.models import resolve_model
-    from fastserve.predictor.collect import collect
-    from scheduler_svc.api.text import TextModel
-    from worker_svc.loader import EngineConfig, load_engine
+    from fastserve.predictor.collect import chat_engine, collect
     from worker_svc.sampler import SamplingParams
 
-    model = "SmolLM2-135M-Instruct"
-    instructions = load_instructions(prompts_file)
-    text = TextModel.load(str(resolve_model(model)))
-    prompts = [text.render_chat([("user", t)]) for t in instructions]
-    longest = max(len(p) for p in prompts) + max_tokens
-    loaded = load_engine(EngineConfig(model, num_blocks=batch_size * (-(-longest // 16) + 1),
-                                      predictor="none", max_context=longest + 16))
-    eos = set(loaded.spec.eos_token_ids) | text.eos_token_ids
+    loaded, prompts, eos = chat_engine("SmolLM2-135M-Instruct", load_instructions(prompts_file),
+                                       max_tokens=max_tokens, batch_size=batch_size)
     out = []
     for s in range(seeds):
         print(f"seed {s + 1} of {seeds}", file=sys.stderr)

@@ -19,10 +19,10 @@ import json
 import statistics
 
 import torch
-import torch.nn.functional as F
 
-from fastserve.predictor.fit import _scores
+from fastserve.predictor.fit import _scores, mean_length
 from fastserve.predictor.split import split
+from worker_svc.predictor import LengthPredictor
 
 
 def main() -> None:
@@ -37,22 +37,22 @@ def main() -> None:
     train, test = split(instructions, args.holdout)
     rows = torch.isin(data["prompt_index"], torch.tensor(test))
     gen, remaining = data["generated"][rows], data["remaining"][rows]
-    lengths = data["lengths"].float()
-    baseline = float(lengths.reshape(-1, lengths.shape[-1])[:, train].mean())
+    baseline = mean_length(data, train)
     first = gen == 1
+    cap = float(settings["max_tokens"])
     out = {}
     for path in args.artifacts:
-        a = torch.load(path, weights_only=True)
-        f = (data["feats"][int(a["layer"])][rows] - a["mean"]) / a["std"]
+        # The worker's own predictor reads the artifact (any layer the recording holds).
+        probe = LengthPredictor.load(path, int(data["hidden_size"]), max(data["feats"]) + 1)
         with torch.no_grad():
-            pred = torch.expm1((F.gelu(f @ a["w1"] + a["b1"]) @ a["w2"] + a["b2"])
-                               .squeeze(1)).clamp_min(0)
-        scores = _scores(pred, remaining, gen, baseline, int(settings["max_tokens"]))
-        cap = float(settings["max_tokens"])
+            pred = torch.expm1(probe.log_remaining(data["feats"][probe.layer][rows]))
+        pred = pred.clamp_min(0)
+        scores = _scores(pred, remaining, gen, baseline, int(cap))
         total_pred = (1 + pred[first]).clamp(max=cap)
         sigma = statistics.pstdev(torch.log(total_pred / (1 + remaining[first])).tolist())
-        out[path] = {"layer": int(a["layer"]), **scores,
+        out[path] = {"layer": probe.layer, **scores,
                      "first_token_log_error_sigma": round(sigma, 3)}
+    lengths = data["lengths"]
     print(json.dumps({"held_out_prompts": len(test), "answers_per_prompt": lengths.shape[0]
                       if lengths.dim() == 2 else 1, "scores": out}, indent=2))
 

@@ -74,10 +74,8 @@ def _train(args: argparse.Namespace) -> int:
 
     from fastserve.bench.prompts import load_instructions
     from fastserve.predictor import fit
-    from fastserve.predictor.collect import answer_sampling, collect_answers
+    from fastserve.predictor.collect import answer_sampling, chat_engine, collect_answers
     from fastserve.predictor.split import split
-    from scheduler_svc.api.text import TextModel
-    from worker_svc.loader import EngineConfig, load_engine
     from worker_svc.predictor import FORMAT, artifact_path
 
     if min(args.max_tokens, args.batch_size, args.refresh, args.samples) < 1:
@@ -103,22 +101,14 @@ def _train(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             data = None
     if data is None:
-        from fastserve.models import resolve_model
-
-        text = TextModel.load(str(resolve_model(args.model)))
-        prompts = [text.render_chat([("user", t)]) for t in instructions]
-        longest = max(len(p) for p in prompts) + args.max_tokens
-        blocks = args.batch_size * (-(-longest // 16) + 1)
-        loaded = load_engine(EngineConfig(args.model, device=args.device, num_blocks=blocks,
-                                          predictor="none",
-                                          max_context=longest + 16))
+        loaded, prompts, eos = chat_engine(args.model, instructions, max_tokens=args.max_tokens,
+                                           batch_size=args.batch_size, device=args.device)
         layers = _layers(args.layers, loaded.spec.num_layers)
         samples, lengths = collect_answers(
-            loaded.engine, prompts, samples=args.samples,
+            loaded.engine, prompts,
             sampling=answer_sampling(len(prompts), args.samples, args.temperature,
                                      args.top_p, args.seed),
-            eos=set(loaded.spec.eos_token_ids) | text.eos_token_ids,
-            max_tokens=args.max_tokens, batch_size=args.batch_size,
+            eos=eos, max_tokens=args.max_tokens, batch_size=args.batch_size,
             layers=layers, refresh=args.refresh, progress=progress)
         feats, prompt_index, generated, remaining = samples.tensors()
         data = {"settings": settings, "layers": layers, "feats": feats,

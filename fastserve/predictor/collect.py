@@ -60,6 +60,25 @@ class Recorder:
         return [None] * len(generated)
 
 
+def chat_engine(model: str, instructions: Sequence[str], *, max_tokens: int, batch_size: int,
+                device: str = "cpu") -> tuple[Any, list[list[int]], set[int]]:
+    """The model's engine (``worker_svc.loader.load_engine``'s result, no predictor) with
+    blocks for ``batch_size`` answers of up to ``max_tokens`` at once, ``instructions``
+    rendered as one user chat message each (as the scheduler renders a chat request), and the
+    token ids that end an answer."""
+    from fastserve.models import resolve_model
+    from scheduler_svc.api.text import TextModel
+    from worker_svc.loader import EngineConfig, load_engine
+
+    text = TextModel.load(str(resolve_model(model)))
+    prompts = [text.render_chat([("user", t)]) for t in instructions]
+    longest = max(len(p) for p in prompts) + max_tokens
+    blocks = batch_size * (-(-longest // 16) + 1)
+    loaded = load_engine(EngineConfig(model, device=device, num_blocks=blocks,
+                                      predictor="none", max_context=longest + 16))
+    return loaded, prompts, set(loaded.spec.eos_token_ids) | text.eos_token_ids
+
+
 def answer_sampling(n: int, samples: int, temperature: float, top_p: float, seed: int
                     ) -> list[SamplingParams]:
     """Sampling for ``samples`` answers to each of ``n`` prompts, answer k of prompt i seeded
@@ -69,18 +88,20 @@ def answer_sampling(n: int, samples: int, temperature: float, top_p: float, seed
             for k in range(samples) for i in range(n)]
 
 
-def collect_answers(engine: Engine, prompts: Sequence[Sequence[int]], *, samples: int,
+def collect_answers(engine: Engine, prompts: Sequence[Sequence[int]], *,
                     sampling: Sequence[SamplingParams], **kwargs: Any
                     ) -> tuple[Samples, list[list[int]]]:
-    """``samples`` answers to every prompt (``sampling``: one per answer, as
-    ``answer_sampling`` orders them), through ``collect`` (``kwargs``: its other arguments).
-    The same prompt's answers differ in length; several teach the probe the expected length
-    rather than one draw. Rows are labelled with their prompt's index (so a split by prompt
-    keeps a prompt's answers together); lengths come back per answer, then per prompt."""
+    """Answers to every prompt, one per entry of ``sampling`` (a whole number of answers per
+    prompt, ordered as ``answer_sampling`` orders them), through ``collect`` (``kwargs``: its
+    other arguments). The same prompt's answers differ in length; several teach the probe the
+    expected length rather than one draw. Rows are labelled with their prompt's index (so a
+    split by prompt keeps a prompt's answers together); lengths come back per answer, then
+    per prompt."""
     n = len(prompts)
+    samples = len(sampling) // n if n else 0
     if samples < 1 or len(sampling) != samples * n:
-        raise ValueError(f"samples must be >= 1 with one sampling per answer "
-                         f"({samples} x {n}), got {samples} and {len(sampling)}")
+        raise ValueError(f"need one sampling per answer, a whole number of answers for each "
+                         f"of the {n} prompts; got {len(sampling)}")
     out, lengths = collect(engine, [p for _ in range(samples) for p in prompts],
                            sampling=sampling, **kwargs)
     out.prompt_index = [i % n for i in out.prompt_index]

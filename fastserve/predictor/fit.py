@@ -105,6 +105,13 @@ def _scores(pred_remaining: torch.Tensor, remaining: torch.Tensor, generated: to
     return out
 
 
+def mean_length(data: dict[str, Any], prompts: list[int]) -> float:
+    """The mean answer length over every recorded answer to ``prompts`` (the baseline's
+    prediction): ``data["lengths"]`` is [answer, prompt], or [prompt] with one answer each."""
+    lengths = data["lengths"].float()
+    return float(lengths.reshape(-1, lengths.shape[-1])[:, prompts].mean())
+
+
 def train(data: dict[str, Any], train_prompts: list[int], test_prompts: list[int], *,
           max_tokens: int, progress: bool = True, seed: int = 0) -> Result:
     pidx, gen = data["prompt_index"], data["generated"]
@@ -119,8 +126,7 @@ def train(data: dict[str, Any], train_prompts: list[int], test_prompts: list[int
 
     in_train, in_val, in_test = rows_of(train_prompts), rows_of(val_prompts), rows_of(test_prompts)
     in_fit = in_train & ~in_val
-    lengths = data["lengths"].float()  # [answers per prompt, prompts]
-    baseline = float(lengths.reshape(-1, lengths.shape[-1])[:, train_prompts].mean())
+    baseline = mean_length(data, train_prompts)
 
     validation: dict[str, dict[str, float]] = {}
     best_layer, best_err, best_epochs = None, float("inf"), MAX_EPOCHS

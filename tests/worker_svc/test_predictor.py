@@ -187,7 +187,7 @@ def test_several_answers_per_prompt_are_labelled_with_their_prompt(engine):
     prompts = [_prompt(9 + i, 20 + i) for i in range(3)]
     kwargs = {"eos": {1, 2, 3}, "max_tokens": 20, "batch_size": 1, "layers": (1,),
               "refresh": 4, "progress": False}
-    samples, lengths = collect_answers(engine, prompts, samples=2,
+    samples, lengths = collect_answers(engine, prompts,
                                        sampling=answer_sampling(3, 2, 1.0, 1.0, 5), **kwargs)
     assert len(lengths) == 2 and all(len(row) == 3 for row in lengths)
     _, index, generated, remaining = samples.tensors()
@@ -201,6 +201,6 @@ def test_several_answers_per_prompt_are_labelled_with_their_prompt(engine):
                            **kwargs)
         assert alone == lengths[k]
     assert lengths[0] != lengths[1]  # the seeds differ, and so do the answers
-    with pytest.raises(ValueError, match="one sampling per answer"):
-        collect_answers(engine, prompts, samples=2, sampling=answer_sampling(3, 1, 1.0, 1.0, 5),
-                        **kwargs)
+    for wrong in (answer_sampling(3, 2, 1.0, 1.0, 5)[:5], []):  # not a whole number per prompt
+        with pytest.raises(ValueError, match="one sampling per answer"):
+            collect_answers(engine, prompts, sampling=wrong, **kwargs)
