@@ -14,13 +14,16 @@ import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from worker_svc.engine import Engine, JobCommand, NewJob, StepCommand
 from worker_svc.predictor import features, wanted
 from worker_svc.sampler import SamplingParams
+
+if TYPE_CHECKING:
+    from worker_svc.loader import LoadedModel
 
 
 @dataclass
@@ -61,8 +64,8 @@ class Recorder:
 
 
 def chat_engine(model: str, instructions: Sequence[str], *, max_tokens: int, batch_size: int,
-                device: str = "cpu") -> tuple[Any, list[list[int]], set[int]]:
-    """The model's engine (``worker_svc.loader.load_engine``'s result, no predictor) with
+                device: str = "cpu") -> tuple[LoadedModel, list[list[int]], set[int]]:
+    """The model loaded (``worker_svc.loader.load_engine``, no predictor) with
     blocks for ``batch_size`` answers of up to ``max_tokens`` at once, ``instructions``
     rendered as one user chat message each (as the scheduler renders a chat request), and the
     token ids that end an answer."""
