@@ -70,6 +70,9 @@ class Batcher:
         # them mid-decode (measured: 8,000 offloads for 1,000 requests, 12x the mean JCT).
         # Under defer nothing is displaced, so a job that fits may go ahead of one that waits.
         strict = not policy.arrivals_preempt and kvp.displaces
+        # A new job ranked first by its work may take the blocks of started jobs with
+        # ``displace_running_ratio`` times its work before the walk batches them.
+        ratio = config.displace_running_ratio
         admission_closed = False
         # Once admission is closed and every started job has been seen, only new jobs are
         # left, and they all wait: the walk ends there, so a long queue costs nothing (a new
@@ -178,6 +181,14 @@ class Batcher:
                     room = kvp.new_job_room(displaceable, step.iteration_s)
                     if claimed + short <= room:
                         claimed += short
+                        work = policy.remaining_work(job) if ratio > 0 else None
+                        if work is not None:
+                            # Now, before the walk reaches the started jobs below it: once
+                            # batched they are no victims, and under load nearly every job
+                            # holding blocks is (displacement after the walk freed blocks
+                            # in 32 of 14,820 tries, and prompts over 2,000 tokens waited
+                            # longer for a first token with a store than without).
+                            space.make(job, short, (), ratio * max(work, 1.0))
                         prefills.append(job)
                 continue
             elif job.num_pending == 1:

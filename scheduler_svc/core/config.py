@@ -58,6 +58,15 @@ class SchedulerConfig:
         "this) before it is promoted, so the wait a wrong guess can cost grows with the job's "
         "predicted size; lower lets long jobs wait longer behind short ones (a lower mean "
         "latency under bursts, a longer tail), higher brings the MLFQ's fixed limit nearer")
+    displace_running_ratio: float = setting(
+        8.0, "predictive, srpt-oracle: a new job ranked first that finds no free blocks may "
+        "take them from a started job ranked below it even when that job would run in this "
+        "Step (offloaded to the store, or dropped under the recompute KV policy), if that "
+        "job's remaining work (predicted output tokens left) is at least this many times the "
+        "new job's, as SRPT preempts for a much shorter job: long prompts then stop waiting for "
+        "blocks that shorter ones keep taking, for a lower mean latency per token under "
+        "bursts; the ratio keeps mispredictions from trading jobs of about the same size. "
+        "0: new jobs take blocks from paused jobs only")
     kv_policy: str = setting(
         "proactive", "what happens to the KV of paused jobs when device blocks run short "
         "(FastServe section 3): 'proactive' offloads the jobs with the largest Estimated Next "
@@ -113,6 +122,7 @@ class SchedulerConfig:
               "> 0 (or unset)")
         check("starve_limit_s", self.starve_limit_s > 0, "> 0")
         check("starve_tokens", self.starve_tokens > 0, "> 0")
+        check("displace_running_ratio", self.displace_running_ratio >= 0, ">= 0")
         check("kv_policy", self.kv_policy in KV_POLICIES, f"one of {', '.join(KV_POLICIES)}")
         check("kv_headroom_window_s", self.kv_headroom_window_s >= 0, ">= 0")
         check("kv_headroom_max", 0.0 <= self.kv_headroom_max < 1.0, "in [0, 1)")

@@ -83,6 +83,44 @@ def test_a_new_high_priority_job_offloads_a_paused_one_instead_of_waiting():
     assert core.kv.num_swap_ins >= 1 and core.kv.store_used == 0 and core.kv.num_recomputes == 0
 
 
+@pytest.mark.parametrize("policy, ratio, max_batch, displaced", [
+    ("srpt-oracle", 8.0, 2, True),  # the default: 87 tokens left against 3
+    ("srpt-oracle", 0.0, 2, False),  # off
+    ("srpt-oracle", 40.0, 2, False),  # 87 < 40 x 3
+    ("skip-join-mlfq", 8.0, 2, False),  # its rank is no job's work
+    # The batch's one slot goes to the new job: the long job is paused, and displaced as
+    # before whatever the ratio (a failed try under the ratio must not mark it hopeless).
+    ("srpt-oracle", 40.0, 1, True),
+])
+def test_a_new_job_ranked_by_its_work_takes_room_from_a_running_job(policy, ratio, max_batch,
+                                                                      displaced):
+    """With a free batch slot the long job holding the device would run in this Step too. A
+    new job that the oracle ranks first (3 tokens left) offloads it rather than wait for it to
+    finish when it has ``displace_running_ratio`` times that work left: displacement during
+    the walk, before the job below is batched. Off, below the ratio, and under skip-join
+    (every arrival ranks first, whatever its work), the running job keeps its blocks."""
+    core = make(policy=policy, num_blocks=12, max_batch_size=max_batch,
+                displace_running_ratio=ratio)
+    worker, t = pause_long_job(core, max_tokens=100)
+    assert core.jobs[0].kv.blocks and core.jobs[0].num_pending == 1
+    assert 40 * 3 > 100 - len(core.jobs[0].output) >= 8 * 3
+    plan, _ = step(core, worker, t)
+    assert (plan.swap_out == [0]) is displaced
+    assert [c.job_id for c in plan.commands] == ([] if displaced or max_batch == 1 else [0])
+    t += 0.01
+    plan, _ = step(core, worker, t)
+    assert (1 in [c.job_id for c in plan.commands]) is displaced
+    while core.has_work():
+        t += 0.01
+        step(core, worker, t)
+    assert core.kv.store_used == 0 and core.kv.num_recomputes == 0
+
+
+def test_displace_running_ratio_must_not_be_negative():
+    with pytest.raises(ValueError, match="displace_running_ratio must be >= 0"):
+        SchedulerConfig(displace_running_ratio=-1.0)
+
+
 def test_defer_keeps_paused_kv_and_the_new_job_waits():
     core = make(kv_policy="defer", num_blocks=12, max_batch_size=1)
     worker, t = pause_long_job(core, max_tokens=30)
@@ -433,8 +471,10 @@ def test_prefills_trimmed_behind_a_new_job_that_finds_no_room_take_its_tokens():
     counting a high-priority new job's whole chunk. That job must displace paused jobs for its
     blocks, but the only holder behind it is a running decode that joins the batch: it gets no
     room, and the prefill trimmed behind it (which fits) takes the tokens and the slot it left
-    instead of the Step computing no prompt token at all."""
-    core = make(policy="srpt-oracle", num_blocks=16, max_batch_size=2, max_batched_tokens=8)
+    instead of the Step computing no prompt token at all. (With ``displace_running_ratio``
+    the new job would take the running decode's blocks: off here, for the case it guards.)"""
+    core = make(policy="srpt-oracle", num_blocks=16, max_batch_size=2, max_batched_tokens=8,
+                displace_running_ratio=0.0)
     worker, t = run_long_jobs(core, 16, 1, prompt_len=40, max_tokens=100, iterations=6)
     assert len(core.jobs[0].kv.blocks) == 11 and core.kv.allocator.num_free == 5
     core.add(make_job(1, prompt_len=30, max_tokens=2), t)  # first; 8 blocks: does not fit

@@ -5,7 +5,8 @@ Azure conversations (or TRACE), 1,000 requests, Gamma CV 4 at RATE, OPT-13B/A100
 `predictive` at sigma 0.75 with worker-timed predictions (refresh 16) beside `srpt-oracle`, over
 SEEDS arrival seeds; each job's share of the mean latency per token and its wait for a first
 token, grouped by its prompt (over 2,000 tokens or not) and by predicted / true length. Extra
-KEY=VALUE arguments are scheduler settings for both runs (`reserve_mode=1` with sim.patch).
+KEY=VALUE arguments are scheduler settings for both runs (`reserve_mode=1` with sim.patch),
+and `store=N` a store of N blocks.
 
 Usage (from the repository root, the patched tree made by run.sh first on the path):
     PYTHONPATH=/tmp/fastserve-reserve-room python docs/bench-predictive/reserve_room/by_error.py \
@@ -31,6 +32,7 @@ def main() -> None:
     trace, rate, seeds = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
     settings = {k: (int(v) if v.isdigit() else float(v))
                 for k, v in (a.split("=") for a in sys.argv[4:])}
+    store = int(settings.pop("store", 0))
     cost = PUBLISHED["opt-13b-a100"]
     groups: dict[tuple[str, float], list[float]] = collections.defaultdict(lambda: [0.0] * 5)
     total = 0
@@ -41,9 +43,9 @@ def main() -> None:
         ratio = [math.exp(noise.gauss(0.0, 0.75)) for _ in reqs]
         pred = simulate(reqs, config=SchedulerConfig(policy="predictive", **settings),
                         cost_model=cost, num_blocks=4096, rate=rate, prediction_sigma=0.75,
-                        prediction_seed=seed, prediction_refresh=16)
+                        prediction_seed=seed, prediction_refresh=16, store_blocks=store)
         oracle = simulate(reqs, config=SchedulerConfig(policy="srpt-oracle", **settings),
-                          cost_model=cost, num_blocks=4096, rate=rate)
+                          cost_model=cost, num_blocks=4096, rate=rate, store_blocks=store)
         total += len(reqs)
         for i, (x, y) in enumerate(zip(pred.records, oracle.records)):
             assert x is not None and y is not None

@@ -1,4 +1,4 @@
-"""Room for a job that does not fit: the lower-priority paused jobs whose blocks it may take."""
+"""Room for a job that does not fit: the lower-priority jobs whose blocks it may take."""
 
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ from scheduler_svc.core.step_context import StepContext
 
 class Displacement:
     """Candidates are the jobs holding device blocks that rank below the job asking in this
-    Step's priority walk (or that it has not reached), outside the batch, largest ENST first.
+    Step's priority walk (or that it has not reached), outside the batch, largest ENST first:
+    paused jobs once the walk is over, or, asked during the walk with a minimum work
+    (``displace_running_ratio``), started jobs below it with at least that much work left,
+    before the walk can batch them.
     Built on first use, at most once per Step; a request larger than everything evictable marks
     that size as hopeless for the rest of the Step, so a long queue of jobs that cannot fit
     costs little.
@@ -26,8 +29,10 @@ class Displacement:
         self._enst: dict[int, float] = {}
         self._hopeless = float("inf")
 
-    def make(self, job: Job, short: int, keep: Iterable[int]) -> None:
+    def make(self, job: Job, short: int, keep: Iterable[int], min_work: float = 0.0) -> None:
         """Evict until ``short`` more blocks are free, or evict nothing if that cannot be done.
+        ``min_work``: only victims with at least this much work left (``remaining_work``);
+        failing under it marks nothing hopeless, since the room may still be there.
 
         Victims go to the store when the policy swaps; only a dropping policy drops their KV.
         With the store full, nobody is displaced: new prefills and reactive uploads wait (the
@@ -52,6 +57,8 @@ class Displacement:
         for v in self._victims:
             if v.job_id in chosen or v.job_id in keep:
                 continue
+            if min_work and (step.policy.remaining_work(v) or 0.0) < min_work:
+                continue
             # Not a job uploaded that has not run since (its copy may still be running): moved
             # out again it gains nothing, and under reactive swapping arrivals did that to the
             # same uploads over and over (63,401 swap-outs for 1,500 requests).
@@ -69,7 +76,8 @@ class Displacement:
             if total >= short:
                 break
         if total < short:
-            self._hopeless = float(short)
+            if not min_work:
+                self._hopeless = float(short)
             return
         offloaded = 0
         plan = step.plan

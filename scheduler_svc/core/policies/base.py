@@ -87,6 +87,14 @@ class Policy(ABC):
         leaves out none."""
         return self.order(now)
 
+    def remaining_work(self, job: Job) -> float | None:
+        """The work left to ``job`` that this policy ranks by, fewest first (SRPT), or None
+        for a policy whose rank is not the job's work. Only then may a new job ranked ahead
+        take the blocks of started jobs that would run (``displace_running_ratio``): under an
+        MLFQ every arrival ranks first, and taking the running batch's blocks for each is
+        churn."""
+        return None
+
     def on_start(self, job: Job) -> None:  # noqa: B027 - a default hook
         """``job`` was planned for the first time, in the Step being formed (its prefill
         begins). Called during the walk: the order being walked must not change."""

@@ -57,6 +57,9 @@ class Predictive(Policy):
             return float(made)
         return predicted - made
 
+    def remaining_work(self, job: Job) -> float | None:
+        return self.remaining(job)
+
     @classmethod
     def _key(cls, job: Job) -> Key:
         # The tie-break matters: with exact predictions it took the mean latency per token

@@ -74,6 +74,9 @@ class SRPTOracle(_SortedPolicy):
 
     name = "srpt-oracle"
 
+    def remaining_work(self, job: Job) -> float | None:
+        return self.key(job)
+
     def key(self, job: Job) -> float:
         total = job.output_length_hint or job.max_tokens
         return max(total - len(job.output), 0) + job.num_pending / 1e6
