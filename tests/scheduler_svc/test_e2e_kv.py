@@ -68,17 +68,18 @@ def concurrently(stub, batch):
 
 
 class KVCluster:
-    def __init__(self, model, logs, kv_policy, store_address):
+    def __init__(self, model, logs, kv_policy, store_address, *scheduler_args,
+                 policy="skip-join-mlfq", num_blocks=20):
         self.logs = logs
         self.store_address = store_address
         self.store = start_kvstore(logs, 64 << 20, "--listen", store_address)
-        self.worker = start_worker(str(model), logs, 20, "worker", "--block-size", "8",
+        self.worker = start_worker(str(model), logs, num_blocks, "worker", "--block-size", "8",
                                    "--kvstore", store_address)
         self.metrics_port = free_port()
         self.scheduler = start_scheduler(
-            str(model), [self.worker.address], logs, "--policy", "skip-join-mlfq",
+            str(model), [self.worker.address], logs, "--policy", policy,
             "--kv-policy", kv_policy, "--max-batch-size", "2", "--starve-limit", "0.3",
-            "--metrics-port", str(self.metrics_port))
+            "--metrics-port", str(self.metrics_port), *scheduler_args)
         self.channel = grpc.insecure_channel(self.scheduler.address)
         self.stub = scheduler_pb2_grpc.SchedulerStub(self.channel)
 
@@ -177,5 +178,59 @@ def test_store_killed_mid_run_jobs_are_recomputed_then_store_reused(tiny_tok_mod
         else:
             pytest.fail("no successful swap after the store restarted")
         assert cluster.metric("fastserve:kv_blocks_used") == 0
+    finally:
+        cluster.close()
+
+
+@pytest.mark.parametrize("ratio, displaced", [(8.0, True), (0.0, False)])
+def test_a_short_arrival_offloads_the_running_long_job_under_the_oracle(
+        tiny_tok_model, tmp_path, ratio, displaced):
+    """srpt-oracle, a real worker and store, 64 blocks of 8, a batch with a free slot: a long
+    job (200-token prompt, 280 tokens) runs alone on 25-60 blocks; a short one (320-token
+    prompt, 2 tokens: 41 blocks, so it never fits beside the long one) arrives once the long
+    one streams. With ``--displace-running-ratio 8`` it offloads the running job (over 16
+    tokens left against 2) and finishes first; at 0 it waits for the long job to finish.
+    Either way both answers are token for token the ones each gives alone, and every block is
+    free at the end."""
+    cluster = KVCluster(tiny_tok_model, tmp_path, "proactive", f"127.0.0.1:{free_port()}",
+                        "--displace-running-ratio", str(ratio), policy="srpt-oracle",
+                        num_blocks=64)
+    long_ids = [100 + k for k in range(200)]
+    short_ids = [400 + k for k in range(320)]
+
+    def request(ids, max_tokens, rid):
+        return spb.GenerateRequest(
+            token_ids=spb.TokenIds(ids=ids), request_id=rid,
+            sampling=spb.SamplingOptions(max_tokens=max_tokens, temperature=0.0,
+                                         ignore_eos=True))
+
+    def run(req, out, done):
+        for msg in cluster.stub.Generate(req, timeout=120):
+            if msg.HasField("chunk"):
+                out.extend(msg.chunk.token_ids)
+        done.append(req.request_id)
+
+    try:
+        alone = {}
+        for ids, n, rid in ((long_ids, 280, "long"), (short_ids, 2, "short")):
+            out: list[int] = []
+            run(request(ids, n, rid), out, [])
+            alone[rid] = out
+        before = cluster.metric("fastserve:kv_swap_outs_total")
+        done: list[str] = []
+        got: dict[str, list[int]] = {"long": [], "short": []}
+        first = threading.Thread(target=run, args=(request(long_ids, 280, "long"),
+                                                   got["long"], done))
+        first.start()
+        assert wait_for(lambda: len(got["long"]) >= 1, timeout_s=60)
+        assert len(got["long"]) <= 280 - 8 * 2  # still 8x the short job's work left
+        run(request(short_ids, 2, "short"), got["short"], done)
+        first.join(120)
+        assert got == alone
+        swaps = cluster.metric("fastserve:kv_swap_outs_total") - before
+        assert (swaps >= 1) is displaced, swaps
+        assert done == (["short", "long"] if displaced else ["long", "short"])
+        assert wait_for(lambda: cluster.metric("fastserve:kv_blocks_used") == 0
+                        and cluster.store_used_blocks() == 0)
     finally:
         cluster.close()

@@ -84,9 +84,9 @@ def test_a_new_high_priority_job_offloads_a_paused_one_instead_of_waiting():
 
 
 @pytest.mark.parametrize("policy, ratio, max_batch, displaced", [
-    ("srpt-oracle", 8.0, 2, True),  # the default: 87 tokens left against 3
+    ("srpt-oracle", 8.0, 2, True),  # the default: 88 tokens left against 3
     ("srpt-oracle", 0.0, 2, False),  # off
-    ("srpt-oracle", 40.0, 2, False),  # 87 < 40 x 3
+    ("srpt-oracle", 40.0, 2, False),  # 88 < 40 x 3
     ("skip-join-mlfq", 8.0, 2, False),  # its rank is no job's work
     # The batch's one slot goes to the new job: the long job is paused, and displaced as
     # before whatever the ratio (a failed try under the ratio must not mark it hopeless).
