@@ -13,3 +13,8 @@ for ratio in 8 0; do
   fastserve bench compare --policies predictive --kv-policies proactive,reactive "${common[@]}" \
     --scheduler-args "--displace-running-ratio $ratio" --out-dir "$out/ratio$ratio"
 done
+# Round 2, the other order, 1.2 req/s and proactive only: the spread between identical plans.
+for ratio in 0 8; do
+  fastserve bench compare --policies predictive --kv-policies proactive "${common[@]/0.6,1.2/1.2}" \
+    --scheduler-args "--displace-running-ratio $ratio" --out-dir "$out/round2_ratio$ratio"
+done
