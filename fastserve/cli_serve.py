@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from fastserve.cpus import CpuPlan, allowed_cpus, bind_process, format_cpu_list, plan_cpus
 from fastserve.metrics_endpoint import DEFAULT_HOST, HOST_HELP
 from fastserve.ports import free_port
 from fastserve.tls import CA_FILE, cert_files, make_local_ca
@@ -124,6 +125,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--predictor", default="auto",
                    help="the worker's output-length predictor: auto (the artifact `fastserve "
                    "predictor train` cached for the model, if any), none, or a path")
+    p.add_argument("--reserve-cpus", type=int, default=0, metavar="N",
+                   help="keep the first N of this machine's cores for the scheduler, the KV "
+                   "store and the HTTP API, and give each worker process a slice of the rest "
+                   "of its own, one PyTorch thread per core (default 0: no binding, every "
+                   "worker thread on any core). A worker that shares no core keeps its pace "
+                   "while a client's large request is read (docs/benchmarks.md, issue 13)")
     p.add_argument("--no-kvstore", action="store_true",
                    help="start no KV store (paused jobs' KV then stays on the device)")
     # The scheduler's own settings, passed on to it when given (its defaults otherwise),
@@ -188,24 +195,34 @@ def group_commands(args: argparse.Namespace, kvstore: str | None = None,
     ``worker_command``'s worker; the others serve nothing and follow it."""
     size = getattr(args, "tensor_parallel", 1)
     stages = getattr(args, "pipeline_parallel", 1)
+    plan: CpuPlan | None = getattr(args, "cpu_plan", None)
     rank0 = worker_command(args, kvstore, index)
     if size * stages == 1:
-        return [rank0]
-    threads = max(1, (os.cpu_count() or 1) // (size * stages))
-    group, places = group_flags(size, stages, f"127.0.0.1:{free_port()}", threads)
-    follower = list(rank0)
-    for flag in ("--metrics-port", "--listen"):  # only rank 0 serves (metrics, gRPC)
-        i = follower.index(flag)
-        del follower[i:i + 2]
-    return [rank0 + group, *(follower + group + place for place in places[1:])]
+        cmds = [rank0]
+    else:
+        # Bound ranks take one thread per core of their slice (the worker's default then).
+        threads = None if plan else max(1, (os.cpu_count() or 1) // (size * stages))
+        group, places = group_flags(size, stages, f"127.0.0.1:{free_port()}", threads)
+        follower = list(rank0)
+        for flag in ("--metrics-port", "--listen"):  # only rank 0 serves (metrics, gRPC)
+            i = follower.index(flag)
+            del follower[i:i + 2]
+        cmds = [rank0 + group, *(follower + group + place for place in places[1:])]
+    if plan is None:
+        return cmds
+    first = index * size * stages
+    return [[*cmd, "--cpus", format_cpu_list(plan.workers[first + r])]
+            for r, cmd in enumerate(cmds)]
 
 
 def group_flags(size: int, stages: int, address: str,
-                threads: int) -> tuple[list[str], list[list[str]]]:
-    """The flags every rank of a T x P worker group shares, and each rank's own (rank 0's
-    first, empty): rank r is tensor rank r mod T of pipeline stage r // T."""
-    group = ["--tensor-parallel-size", str(size), "--group-address", address,
-             "--threads", str(threads)]
+                threads: int | None) -> tuple[list[str], list[list[str]]]:
+    """The flags every rank of a T x P worker group shares (``--threads`` unless None), and
+    each rank's own (rank 0's first, empty): rank r is tensor rank r mod T of pipeline stage
+    r // T."""
+    group = ["--tensor-parallel-size", str(size), "--group-address", address]
+    if threads is not None:
+        group += ["--threads", str(threads)]
     if stages > 1:
         group += ["--pipeline-parallel-size", str(stages)]
     places: list[list[str]] = [[]]
@@ -327,6 +344,12 @@ def run(args: argparse.Namespace) -> int:
         if args.pipeline_parallel < 1:
             raise ValueError(f"--pipeline-parallel must be at least 1, got "
                              f"{args.pipeline_parallel}")
+        args.cpu_plan = None
+        if args.reserve_cpus < 0:
+            raise ValueError(f"--reserve-cpus must not be negative, got {args.reserve_cpus}")
+        if args.reserve_cpus:
+            args.cpu_plan = plan_cpus(allowed_cpus(), args.reserve_cpus, args.replicas
+                                      * args.tensor_parallel * args.pipeline_parallel)
         resolve_model(args.model, progress=True)
         if getattr(args, "tls_dir", None):
             make_local_ca(args.tls_dir, TLS_ROLES)
@@ -335,6 +358,13 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.cpu_plan is not None:
+        # This process's cores are inherited by the store, the scheduler and the HTTP API;
+        # each worker process binds itself to its slice (--cpus).
+        bind_process(args.cpu_plan.reserved)
+        print(f"cores: {format_cpu_list(args.cpu_plan.reserved)} for the scheduler, store and "
+              f"HTTP API; " + ", ".join(format_cpu_list(c) for c in args.cpu_plan.workers)
+              + " for the worker process(es)", file=sys.stderr)
     stop = threading.Event()
     handlers = {sig: signal.signal(sig, lambda signum, frame: stop.set())
                 for sig in (signal.SIGINT, signal.SIGTERM)}

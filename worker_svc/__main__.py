@@ -88,8 +88,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--metrics-host", default=DEFAULT_HOST, help=HOST_HELP)
     p.add_argument("--threads", type=int, default=None,
-                   help="PyTorch threads of this process (default: one per core); with several "
-                   "ranks on one machine, the cores divided among them")
+                   help="PyTorch threads of this process (default: one per core, or per core "
+                   "of --cpus); with several ranks on one machine, the cores divided among them")
+    p.add_argument("--cpus", default=None, metavar="LIST",
+                   help="run only on these cores, e.g. 2-5 or 1,3 (default: wherever the OS "
+                   "puts it); `fastserve serve --reserve-cpus` gives each worker process its own")
     g = p.add_argument_group("tensor and pipeline parallelism (a worker group of several "
                              "processes)")
     g.add_argument("--tensor-parallel-size", type=int, default=1,
@@ -120,6 +123,19 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     log = logging.getLogger("worker_svc")
+
+    if args.cpus is not None:
+        # First, before any thread of PyTorch or gRPC exists: they inherit it.
+        from fastserve.cpus import bind_process, format_cpu_list, parse_cpu_list
+        try:
+            cpus = parse_cpu_list(args.cpus)
+            bind_process(cpus)
+        except ValueError as e:
+            log.error("%s", e)
+            return 2
+        if args.threads is None:
+            args.threads = len(cpus)
+        log.info("on cores %s with %d PyTorch thread(s)", format_cpu_list(cpus), args.threads)
 
     stop = threading.Event()
     # Installed before the slow model load so that an early SIGTERM still exits cleanly.

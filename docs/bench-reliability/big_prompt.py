@@ -2,7 +2,7 @@
 streams keep their pace (issue 13). Starts `fastserve serve` with the default model.
 
     python docs/bench-reliability/big_prompt.py [--port 50231] [--sender process|thread]
-        [--sender-nice 19]
+        [--sender-nice 19] [--reserve-cpus 1]
 
 Prints the refusal time and, per stream, the median and largest gap between its chunks, the
 largest as a multiple of the median iteration.
@@ -43,6 +43,8 @@ def main() -> int:
     p.add_argument("--sender-nice", type=int, default=0,
                    help="with --sender process: its niceness (19 stands in for a sender on "
                         "another host, whose CPU is not the worker's)")
+    p.add_argument("--reserve-cpus", type=int, default=0,
+                   help="`fastserve serve --reserve-cpus`: the worker on cores of its own")
     p.add_argument("--send-only", metavar="ADDRESS", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.send_only:
@@ -53,7 +55,8 @@ def main() -> int:
         return 0
     serve = subprocess.Popen([sys.executable, "-m", "fastserve.cli", "serve", "--port",
                               str(args.port), "--metrics-port", "-1", "--no-kvstore",
-                              "--policy", "fcfs"], stdout=subprocess.PIPE, text=True)
+                              "--policy", "fcfs", "--reserve-cpus", str(args.reserve_cpus)],
+                             stdout=subprocess.PIPE, text=True)
     try:
         line = serve.stdout.readline()
         assert line.startswith("FastServe ready"), line

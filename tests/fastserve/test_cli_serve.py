@@ -194,6 +194,30 @@ def test_a_group_is_t_x_p_ranks_and_only_rank_0_serves(monkeypatch):
     assert cli_serve.group_commands(args) == [cli_serve.worker_command(args)]
 
 
+def test_reserved_cores_give_each_worker_process_a_slice_of_its_own(monkeypatch):
+    from fastserve.cpus import plan_cpus
+
+    args = build_parser().parse_args(["serve", "--tensor-parallel", "2", "--replicas", "2",
+                                      "--reserve-cpus", "2"])
+    args.cpu_plan = plan_cpus(tuple(range(12)), 2, 4)
+    groups = [cli_serve.group_commands(args, None, i) for i in range(2)]
+    assert [[c[c.index("--cpus") + 1] for c in g] for g in groups] == [["2-4", "5-7"],
+                                                                      ["8-9", "10-11"]]
+    assert not any("--threads" in c for g in groups for c in g)  # one per core of --cpus
+    args = build_parser().parse_args(["serve"])  # no --reserve-cpus: no binding
+    args.cpu_plan = None
+    assert "--cpus" not in cli_serve.group_commands(args)[0]
+
+
+def test_reserving_every_core_is_refused_before_anything_starts():
+    n = len(os.sched_getaffinity(0))
+    out = _cli("serve", "--reserve-cpus", str(n), "--port", "0", "--metrics-port", "-1")
+    assert out.returncode == 2
+    assert f"--reserve-cpus {n}: " in out.stderr and f"reserve at most {n - 1}" in out.stderr
+    out = _cli("serve", "--reserve-cpus", "-1", "--port", "0", "--metrics-port", "-1")
+    assert out.returncode == 2 and "--reserve-cpus must not be negative" in out.stderr
+
+
 def test_serve_restarts_a_child_that_dies_and_keeps_the_others(monkeypatch, fake, capsys):
     monkeypatch.setattr(cli_serve, "RESTART_BACKOFF_S", 0.05)
 
@@ -433,6 +457,62 @@ def test_serve_restarts_a_whole_worker_group_and_the_stream_goes_on(gqa_model, t
         assert "restarting it with the rest of its group" in text and "worker restarted" in text
         new = [pid for pid in _children(serve.pid) if "worker_svc" in _cmdline(pid)]
         assert len(new) == 2 and not set(new) & set(ranks)
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(timeout=60) == 0
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.wait()
+        log.close()
+
+
+def _cores(pid: int) -> str:
+    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            return line.split(":", 1)[1].strip()
+    raise AssertionError(f"no Cpus_allowed_list for {pid}")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to reserve one")
+def test_reserve_cpus_keeps_the_worker_on_cores_of_its_own_across_a_restart(gqa_model,
+                                                                            tmp_path):
+    """`--reserve-cpus 1`: the store and scheduler on the first allowed core, the worker (and
+    every thread of it) on the rest, with one PyTorch thread per core; a worker killed with -9
+    comes back on the same cores and serves."""
+    from fastserve.client import Client
+
+    cores = sorted(os.sched_getaffinity(0))
+    reserved, rest = str(cores[0]), cli_serve.format_cpu_list(cores[1:])
+    port = free_port()
+    serve, log, _ = _start_serve(tmp_path, "--model", str(gqa_model), "--port", str(port),
+                                 "--kv-blocks", "256", "--http-port", "-1", "--predictor",
+                                 "none", "--reserve-cpus", "1")
+    try:
+        with Client(f"127.0.0.1:{port}") as c:
+            want = c.generate([5, 6, 7, 8], max_tokens=8, temperature=0.0).token_ids
+        for attempt in range(2):
+            kids = {pid: _cmdline(pid) for pid in _children(serve.pid)}
+            (worker,) = [pid for pid, cmd in kids.items() if "worker_svc" in cmd]
+            assert _cores(worker) == rest
+            threads = os.listdir(f"/proc/{worker}/task")
+            assert {_cores(int(t)) for t in threads} == {rest}  # PyTorch's and gRPC's too
+            assert {_cores(pid) for pid, cmd in kids.items() if "worker_svc" not in cmd} == {
+                reserved}
+            log.seek(0)
+            assert f"on cores {rest} with {len(cores) - 1} PyTorch thread(s)" in log.read()
+            if attempt:
+                break
+            os.kill(worker, signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            got = None
+            while time.monotonic() < deadline and got is None:
+                try:
+                    with Client(f"127.0.0.1:{port}") as c:
+                        got = c.generate([5, 6, 7, 8], max_tokens=8, temperature=0.0).token_ids
+                except Exception:  # noqa: BLE001 - not back yet
+                    time.sleep(0.5)
+            assert got == want
         serve.send_signal(signal.SIGTERM)
         assert serve.wait(timeout=60) == 0
     finally:
