@@ -116,6 +116,31 @@ def test_a_new_job_ranked_by_its_work_takes_room_from_a_running_job(policy, rati
     assert core.kv.store_used == 0 and core.kv.num_recomputes == 0
 
 
+@pytest.mark.parametrize("estimate, displaced", [(3, True), (None, False)])
+def test_under_predictive_only_an_estimated_new_job_takes_room_from_a_running_one(estimate,
+                                                                                 displaced):
+    """`predictive` ranks a job not yet estimated by the tokens it has made (none), which says
+    nothing of its work: it must not take the blocks of a running job predicted long, as one
+    estimated at 3 tokens does."""
+    core = make(policy="predictive", num_blocks=12, max_batch_size=2)
+    worker, t = run_long_jobs(core, 12, 1, prompt_len=30, max_tokens=100, iterations=12)
+    long = core.jobs[0]
+    long.predicted_output_tokens = 100
+    core.policy.on_estimate(long, t)
+    new = make_job(1, prompt_len=14, max_tokens=3)
+    new.predicted_output_tokens = estimate
+    core.add(new, t)
+    assert core.policy.remaining_work(long) >= 8 * 3 and long.kv.blocks
+    assert next(iter(core.policy.order(t))).job_id == 1  # ranked first either way
+    plan, _ = step(core, worker, t)
+    assert (plan.swap_out == [0]) is displaced
+    assert [c.job_id for c in plan.commands] == ([] if displaced else [0])
+    while core.has_work():
+        t += 0.01
+        step(core, worker, t)
+    assert core.kv.store_used == 0 and core.kv.num_recomputes == 0
+
+
 def test_displace_running_ratio_must_not_be_negative():
     with pytest.raises(ValueError, match="displace_running_ratio must be >= 0"):
         SchedulerConfig(displace_running_ratio=-1.0)
