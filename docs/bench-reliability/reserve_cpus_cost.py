@@ -16,25 +16,15 @@ import argparse
 import asyncio
 import os
 import statistics
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tls_cost import burst  # the same burst as the TLS comparison
+from tls_cost import burst, serving  # the same cluster and burst as the TLS comparison
 
 
 def run(port: int, reserve: int, streams: list[int], tokens: int) -> dict[int, tuple[float, float]]:
-    cmd = [sys.executable, "-m", "fastserve.cli", "serve", "--port", str(port),
-           "--metrics-port", "-1", "--http-port", "-1", "--kv-blocks", "2048", "--policy",
-           "fcfs", "--max-batch-size", "32", "--reserve-cpus", str(reserve)]
-    serve = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        line = serve.stdout.readline()
-        assert line.startswith("FastServe ready"), line
-        return {n: asyncio.run(burst(f"127.0.0.1:{port}", None, n, tokens)) for n in streams}
-    finally:
-        serve.terminate()
-        serve.wait(30)
+    with serving(port, ["--http-port", "-1", "--reserve-cpus", str(reserve)]) as address:
+        return {n: asyncio.run(burst(address, None, n, tokens)) for n in streams}
 
 
 def main() -> int:

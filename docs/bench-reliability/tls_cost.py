@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 
 from fastserve.client import AsyncClient
 
@@ -44,21 +46,27 @@ async def burst(address: str, tls_ca: str | None, n: int, tokens: int) -> tuple[
     return sum(counts) / took, statistics.mean(ttfts)
 
 
-def run(port: int, tls_dir: str | None, tokens: int) -> tuple[float, float]:
+@contextlib.contextmanager
+def serving(port: int, extra: list[str]) -> Iterator[str]:
+    """`fastserve serve` (default model, fcfs, batch 32, ``extra`` flags) until the block ends;
+    its address."""
     cmd = [sys.executable, "-m", "fastserve.cli", "serve", "--port", str(port),
            "--metrics-port", "-1", "--kv-blocks", "2048", "--policy", "fcfs",
-           "--max-batch-size", "32"]
-    if tls_dir:
-        cmd += ["--tls-dir", tls_dir]
+           "--max-batch-size", "32", *extra]
     serve = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         line = serve.stdout.readline()
         assert line.startswith("FastServe ready"), line
-        ca = f"{tls_dir}/ca.pem" if tls_dir else None
-        return asyncio.run(burst(f"127.0.0.1:{port}", ca, 32, tokens))
+        yield f"127.0.0.1:{port}"
     finally:
         serve.terminate()
         serve.wait(30)
+
+
+def run(port: int, tls_dir: str | None, tokens: int) -> tuple[float, float]:
+    with serving(port, ["--tls-dir", tls_dir] if tls_dir else []) as address:
+        ca = f"{tls_dir}/ca.pem" if tls_dir else None
+        return asyncio.run(burst(address, ca, 32, tokens))
 
 
 def main() -> int:

@@ -7,6 +7,7 @@ services on the default model and is skipped until ``python -m scheduler_svc`` e
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -308,6 +309,19 @@ def _start_serve(tmp_path, *args: str):
     return serve, log, ready
 
 
+@contextlib.contextmanager
+def _serving(tmp_path, *args: str):
+    """``_start_serve`` for a ``with`` block: whatever happens in it, serve is gone after."""
+    serve, log, ready = _start_serve(tmp_path, *args)
+    try:
+        yield serve, log, ready
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.wait()
+        log.close()
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "fastserve.cli", *args], capture_output=True,
                           text=True, check=False, timeout=120, cwd=ROOT)
@@ -427,10 +441,9 @@ def test_serve_restarts_a_whole_worker_group_and_the_stream_goes_on(gqa_model, t
     from fastserve.proto import scheduler_pb2_grpc
 
     port = free_port()
-    serve, log, _ = _start_serve(tmp_path, "--model", str(gqa_model), "--port", str(port),
-                                 "--kv-blocks", "256", "--http-port", "-1", "--no-kvstore",
-                                 *layout, "--predictor", "none")
-    try:
+    with _serving(tmp_path, "--model", str(gqa_model), "--port", str(port),
+                  "--kv-blocks", "256", "--http-port", "-1", "--no-kvstore",
+                  *layout, "--predictor", "none") as (serve, log, _):
         ranks = [pid for pid in _children(serve.pid) if "worker_svc" in _cmdline(pid)]
         assert len(ranks) == 2
         (follower,) = [pid for pid in ranks if victim in _cmdline(pid)]
@@ -459,18 +472,19 @@ def test_serve_restarts_a_whole_worker_group_and_the_stream_goes_on(gqa_model, t
         assert len(new) == 2 and not set(new) & set(ranks)
         serve.send_signal(signal.SIGTERM)
         assert serve.wait(timeout=60) == 0
-    finally:
-        if serve.poll() is None:
-            serve.kill()
-            serve.wait()
-        log.close()
 
 
-def _cores(pid: int) -> str:
-    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+def _cores(pid: int, tid: int | None = None) -> str | None:
+    """The cores process ``pid`` (or its thread ``tid``) may run on; None if it is gone."""
+    where = f"/proc/{pid}" + (f"/task/{tid}" if tid is not None else "")
+    try:
+        text = pathlib.Path(f"{where}/status").read_text()
+    except FileNotFoundError:
+        return None
+    for line in text.splitlines():
         if line.startswith("Cpus_allowed_list:"):
             return line.split(":", 1)[1].strip()
-    raise AssertionError(f"no Cpus_allowed_list for {pid}")
+    raise AssertionError(f"no Cpus_allowed_list in {where}/status")
 
 
 @pytest.mark.slow
@@ -485,18 +499,17 @@ def test_reserve_cpus_keeps_the_worker_on_cores_of_its_own_across_a_restart(gqa_
     cores = sorted(os.sched_getaffinity(0))
     reserved, rest = str(cores[0]), cli_serve.format_cpu_list(cores[1:])
     port = free_port()
-    serve, log, _ = _start_serve(tmp_path, "--model", str(gqa_model), "--port", str(port),
-                                 "--kv-blocks", "256", "--http-port", "-1", "--predictor",
-                                 "none", "--reserve-cpus", "1")
-    try:
+    with _serving(tmp_path, "--model", str(gqa_model), "--port", str(port),
+                  "--kv-blocks", "256", "--http-port", "-1", "--predictor",
+                  "none", "--reserve-cpus", "1") as (serve, log, _):
         with Client(f"127.0.0.1:{port}") as c:
             want = c.generate([5, 6, 7, 8], max_tokens=8, temperature=0.0).token_ids
         for attempt in range(2):
             kids = {pid: _cmdline(pid) for pid in _children(serve.pid)}
             (worker,) = [pid for pid, cmd in kids.items() if "worker_svc" in cmd]
             assert _cores(worker) == rest
-            threads = os.listdir(f"/proc/{worker}/task")
-            assert {_cores(int(t)) for t in threads} == {rest}  # PyTorch's and gRPC's too
+            threads = {_cores(worker, int(t)) for t in os.listdir(f"/proc/{worker}/task")}
+            assert threads - {None} == {rest}  # PyTorch's and gRPC's too (None: ended since)
             assert {_cores(pid) for pid, cmd in kids.items() if "worker_svc" not in cmd} == {
                 reserved}
             log.seek(0)
@@ -515,8 +528,3 @@ def test_reserve_cpus_keeps_the_worker_on_cores_of_its_own_across_a_restart(gqa_
             assert got == want
         serve.send_signal(signal.SIGTERM)
         assert serve.wait(timeout=60) == 0
-    finally:
-        if serve.poll() is None:
-            serve.kill()
-            serve.wait()
-        log.close()
