@@ -61,9 +61,9 @@ class Predictive(Policy):
         # A job not yet estimated (before its first token or arrival probe) ranks by the
         # tokens it has made, nearly always none: that is no measure of its work, and taken
         # as one, every new job could take the blocks of any running job. On the real cluster
-        # under memory pressure that made 8-22 swap-outs per run and a mean JCT 1.19-1.44x
-        # that of not displacing running jobs (docs/benchmarks.md, "displace_running_ratio
-        # on the real cluster where memory orders the jobs").
+        # under memory pressure that made 8-22 swap-outs per run and a mean JCT 1.17-1.44x
+        # that of not displacing running jobs (docs/benchmarks.md, "Only an estimated job
+        # takes room from running jobs").
         if job.predicted_output_tokens is None:
             return None
         return self.remaining(job)
