@@ -2,7 +2,7 @@
 streams keep their pace (issue 13). Starts `fastserve serve` with the default model.
 
     python docs/bench-reliability/big_prompt.py [--port 50231] [--sender process|thread]
-        [--sender-nice 19] [--reserve-cpus 1]
+        [--sender-nice 19] [--reserve-cpus 1] [--bytes 3900000]
 
 Prints the refusal time and, per stream, the median and largest gap between its chunks, the
 largest as a multiple of the median iteration.
@@ -21,9 +21,9 @@ import time
 from fastserve.client import Client
 
 
-def send_big(address: str) -> tuple[str, float]:
-    """Send the 3.9 MB prompt; what came back and how long it took (s)."""
-    prompt = "x" * 3_900_000
+def send_big(address: str, size: int = 3_900_000) -> tuple[str, float]:
+    """Send a prompt of ``size`` bytes; what came back and how long it took (s)."""
+    prompt = "x" * size
     with Client(address) as c:
         start = time.perf_counter()
         try:
@@ -45,12 +45,13 @@ def main() -> int:
                         "another host, whose CPU is not the worker's)")
     p.add_argument("--reserve-cpus", type=int, default=0,
                    help="`fastserve serve --reserve-cpus`: the worker on cores of its own")
+    p.add_argument("--bytes", type=int, default=3_900_000, help="the prompt's size in bytes")
     p.add_argument("--send-only", metavar="ADDRESS", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.send_only:
         os.nice(args.sender_nice)
         sys.stdin.readline()
-        refused, took = send_big(args.send_only)
+        refused, took = send_big(args.send_only, args.bytes)
         print(f"{refused}\t{took}")
         return 0
     serve = subprocess.Popen([sys.executable, "-m", "fastserve.cli", "serve", "--port",
@@ -85,12 +86,13 @@ def main() -> int:
             # it on the other core. Started now and told when to send, so its interpreter's
             # start-up is not measured.
             sender = subprocess.Popen([sys.executable, __file__, "--send-only", address,
-                                       "--sender-nice", str(args.sender_nice)],
+                                       "--sender-nice", str(args.sender_nice),
+                                       "--bytes", str(args.bytes)],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         time.sleep(3.0)  # the streams are decoding
         start = time.perf_counter()
         if sender is None:
-            refused, took = send_big(address)
+            refused, took = send_big(address, args.bytes)
         else:
             out, _ = sender.communicate("go\n", timeout=60)
             refused, took_s = out.rsplit("\t", 1)
@@ -98,7 +100,7 @@ def main() -> int:
         sent_at.append(start)
         for t in threads:
             t.join()
-        print(f"3.9 MB prompt: {refused} in {took * 1e3:.1f} ms")
+        print(f"{args.bytes / 1e6:g} MB prompt: {refused} in {took * 1e3:.1f} ms")
         for i, out in sorted(gaps.items()):
             g = [d for _, d in out]
             near = [d for at, d in out if abs(at - sent_at[0]) < 2.0]
