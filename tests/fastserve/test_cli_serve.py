@@ -287,33 +287,24 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def _start_serve(tmp_path, *args: str):
-    """``fastserve serve ARGS`` (no metrics), once it printed its ready line: the process, its
-    stderr log (open, at its start) and the ready line. Stops it if it never gets ready."""
+@contextlib.contextmanager
+def _serving(tmp_path, *args: str):
+    """``fastserve serve ARGS`` (no metrics) for a ``with`` block, once it printed its ready
+    line: the process, its stderr log (open, at its start) and the ready line. Whatever
+    happens in the block (or if serve never gets ready), serve is gone after."""
     log = (tmp_path / "serve.log").open("w+")
     serve = subprocess.Popen(
         [sys.executable, "-m", "fastserve.cli", "serve", "--metrics-port", "-1", *args],
         stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT)
-    ready: list[str] = []
-    reader = threading.Thread(target=lambda: ready.append(serve.stdout.readline()),
-                              daemon=True)
-    reader.start()
-    reader.join(timeout=300)
-    log.seek(0)
-    if not (ready and ready[0].startswith("FastServe ready at ")):
-        serve.kill()
-        serve.wait()
-        text = log.read()[-4000:]
-        log.close()
-        raise AssertionError(f"fastserve serve did not get ready:\n{text}")
-    return serve, log, ready
-
-
-@contextlib.contextmanager
-def _serving(tmp_path, *args: str):
-    """``_start_serve`` for a ``with`` block: whatever happens in it, serve is gone after."""
-    serve, log, ready = _start_serve(tmp_path, *args)
     try:
+        ready: list[str] = []
+        reader = threading.Thread(target=lambda: ready.append(serve.stdout.readline()),
+                                  daemon=True)
+        reader.start()
+        reader.join(timeout=300)
+        log.seek(0)
+        if not (ready and ready[0].startswith("FastServe ready at ")):
+            raise AssertionError(f"fastserve serve did not get ready:\n{log.read()[-4000:]}")
         yield serve, log, ready
     finally:
         if serve.poll() is None:
@@ -331,9 +322,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.skipif(not _scheduler_available(), reason="python -m scheduler_svc does not exist yet")
 def test_serve_end_to_end(tmp_path):
     port = free_port()
-    serve, log, ready = _start_serve(tmp_path, "--port", str(port), "--kv-blocks", "256",
-                                     "--http-port", "0")
-    try:
+    with _serving(tmp_path, "--port", str(port), "--kv-blocks", "256",
+                  "--http-port", "0") as (serve, log, ready):
         address = f"127.0.0.1:{port}"
         assert address in ready[0]
         children = _children(serve.pid)
@@ -399,11 +389,6 @@ def test_serve_end_to_end(tmp_path):
         serve.send_signal(signal.SIGTERM)
         assert serve.wait(timeout=30) == 0
         assert not [pid for pid in children if pathlib.Path(f"/proc/{pid}").exists()]
-    finally:
-        if serve.poll() is None:
-            serve.kill()
-            serve.wait()
-        log.close()
 
 
 def test_tls_dir_gives_every_child_a_certificate_of_its_own(tmp_path):
