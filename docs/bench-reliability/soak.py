@@ -3,7 +3,7 @@ process sampled while users stream, cancel, disconnect and send bad input for ``
 
     python docs/bench-reliability/soak.py [--minutes 30] [--every 30] [--users 6] \
         [--out docs/bench-reliability/soak.txt] [--plot docs/img/soak.png] \
-        [--serve-arg=--kv-blocks=64 ...]
+        [--serve-arg=--kv-blocks=40 ...]
 
 Starts `fastserve serve` (default model, with its KV store; each ``--serve-arg`` is passed on,
 e.g. a small ``--kv-blocks`` so that preempted jobs' blocks go to the store). Each user loops
@@ -14,11 +14,11 @@ over requests drawn from ../shared/prompts (chat, greedy or sampled, 8 to 96 tok
   bad       a request with one invalid field: expect InvalidArgument naming it
 Every ``--probe`` seconds (default 1) each process's RSS is read; every ``--every`` seconds a
 line gives each process's RSS at that moment (MB), the lowest RSS seen since the last line (its
-floor) and open fds, the worker's and the store's used blocks, the preemptions, swaps and
-recomputations so far and the requests so far. At the
-end, with the load stopped and the cluster idle, it prints each process's RSS slope after the
-warm-up (least squares, MB per 10 minutes) of the floors and of the momentary samples, whether
-every block came back, and every outcome that was not the expected one.
+floor) and open fds, the worker's and the store's used blocks, and the preemptions, swaps,
+recomputations and requests so far. At the end, with the load stopped and the cluster idle, it
+prints each process's RSS slope after the warm-up (least squares, MB per 10 minutes) of the
+floors and of the momentary samples, whether every block came back, and every outcome that was
+not the expected one.
 
 Why the floor: under load the worker's RSS moves by ~15 MB from one moment to the next with the
 shape of the batch in flight (activations freed after each step), so 30-second snapshots have
