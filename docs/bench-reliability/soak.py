@@ -69,12 +69,15 @@ def role(pid: int) -> str:
     return "serve"
 
 
-def sample_proc(pid: int) -> tuple[float, int]:
-    """RSS in MB and the number of open file descriptors."""
+def rss_mb(pid: int) -> float:
     rss_kb = next(int(line.split()[1]) for line in
                   pathlib.Path(f"/proc/{pid}/status").read_text().splitlines()
                   if line.startswith("VmRSS:"))
-    return rss_kb / 1024, len(list(pathlib.Path(f"/proc/{pid}/fd").iterdir()))
+    return rss_kb / 1024
+
+
+def open_fds(pid: int) -> int:
+    return len(list(pathlib.Path(f"/proc/{pid}/fd").iterdir()))
 
 
 class Load:
@@ -152,15 +155,17 @@ class Floors:
         self.pids = pids
         self.low: dict[str, float] = {}
 
-    def probe(self) -> None:
-        for name, pid in self.pids.items():
-            rss, _ = sample_proc(pid)
+    def probe(self) -> dict[str, float]:
+        now = {name: rss_mb(pid) for name, pid in self.pids.items()}
+        for name, rss in now.items():
             self.low[name] = min(rss, self.low.get(name, rss))
+        return now
 
-    def take(self) -> dict[str, float]:
-        self.probe()
+    def take(self) -> tuple[dict[str, float], dict[str, float]]:
+        """Each process's RSS now, and its lowest since the last take (now's included)."""
+        now = self.probe()
         low, self.low = self.low, {}
-        return low
+        return now, low
 
     async def run(self, every: float) -> None:
         while True:
@@ -188,9 +193,9 @@ async def soak(args: argparse.Namespace, address: str, pids: dict[str, int],
         status = await client.status()
         w = status["workers"][0]
         parts = []
-        low = floors.take()
+        now, low = floors.take()
         for name, pid in pids.items():
-            rss, fds = sample_proc(pid)
+            rss, fds = now[name], open_fds(pid)
             series[name].append((t, rss, fds, low[name]))
             parts.append(f"{name} {rss:7.1f} MB (floor {low[name]:7.1f}) {fds:3d} fd")
         series["blocks"].append((t, w["num_used_blocks"], w["store_used_blocks"]))
