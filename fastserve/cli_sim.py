@@ -241,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
 
     from fastserve.traces import load_trace
     from scheduler_svc.core.cost_model import PUBLISHED
-    from scheduler_svc.sim import default_slo, simulate, throughput_at_slo
+    from scheduler_svc.sim import default_slo, simulate, sustainable_rate, throughput_at_slo
 
     try:
         settings = {**_parse_settings(args.settings), **given(args)}
@@ -337,17 +337,30 @@ def run(args: argparse.Namespace) -> int:
                     refine_steps=args.refine, progress=bar.update, **sim)
         base_label = next((lb for lb, c in configs.items() if c.policy == "fcfs"), None)
         base = searches[base_label].rate if base_label else None
+        first = next(iter(configs.values()))
+        bound = sustainable_rate(requests, cost_model=cost_model, num_blocks=args.num_blocks,
+                                 block_size=args.block_size, max_context=args.max_context,
+                                 max_batch_size=first.max_batch_size,
+                                 max_batched_tokens=first.max_batched_tokens,
+                                 replicas=args.replicas)
         print(f"\nthroughput at the SLO (mean latency per token <= {slo * 1e3:.1f} ms), "
               f"searched over {','.join(f'{r:g}' for r in args.slo_search)} req/s")
+        if bound is not None:
+            print(f"no policy sustains more than {bound.rate:.3f} req/s on these requests "
+                  f"(at least {bound.least_s:,.0f} s of iterations; the "
+                  f"{'KV pool' if bound.binds == 'pool' else 'batch limit'} binds): a rate at "
+                  f"the SLO above it (*) is a transient of the trace's length")
         print(f"{'policy':<26} {'req/s at SLO':>12} {'vs fcfs':>8}  curve (req/s: ms/token)")
         for label, row in zip(configs, rows):
             s = searches[label]
             ratio = s.rate / base if s.rate is not None and base else None
             curve = ", ".join(f"{p.rate:g}: {'>' if p.lower_bound else ''}"
                               f"{p.mean_latency_per_token_s * 1e3:.0f}" for p in s.curve)
-            print(f"{label:<26} {_fmt(s.rate, '>12.3f')} {_fmt(ratio, '>7.2f')}"
-                  f"{'x' if ratio else ' '}  {curve}")
+            above = bound is not None and s.rate is not None and s.rate > bound.rate
+            print(f"{label:<26} {_fmt(s.rate, '>11.3f')}{'*' if above else ' '} "
+                  f"{_fmt(ratio, '>7.2f')}{'x' if ratio else ' '}  {curve}")
             row.update({
+                "sustainable_rate_bound": bound.rate if bound is not None else None,
                 "slo_s_per_token": slo, "rate_at_slo": s.rate, "slo_ratio_vs_fcfs": ratio,
                 "slo_curve": [{"rate": p.rate,
                                "mean_latency_per_token_s": p.mean_latency_per_token_s,

@@ -115,8 +115,8 @@ class _Spec:
     predicted: float | None = None
 
 
-def _fit(requests: Iterable[RequestLike], max_context: int,
-         predictions: Sequence[float] | None = None) -> tuple[list[_Spec], int, int]:
+def fit_to_context(requests: Iterable[RequestLike], max_context: int,
+                   predictions: Sequence[float] | None = None) -> tuple[list[_Spec], int, int]:
     """Requests sorted by arrival, clipped to ``max_context``; (specs, skipped, clipped).
 
     A job holds at most ``input + output`` tokens and the core finishes it at ``max_context``,
@@ -259,7 +259,7 @@ def simulate(
     if prediction_refresh_corr < 1.0 and not prediction_refresh:
         raise ValueError("prediction_refresh_corr is for prediction_refresh (without it a job "
                          "is predicted once)")
-    specs, skipped, clipped = _fit(requests, max_context, predictions)
+    specs, skipped, clipped = fit_to_context(requests, max_context, predictions)
     predicted: list[float | None] = [s.predicted for s in specs]
     if prediction_sigma is not None:
         noise = random.Random(prediction_seed)

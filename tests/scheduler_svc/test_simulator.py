@@ -242,6 +242,15 @@ def test_cli_sim_prints_a_row_per_policy_and_writes_json(tmp_path, capsys):
     assert [r["policy"] for r in rows] == ["fcfs", "rtc"]
     assert all(r["num_requests"] == 40 and r["cost_model"] == "profile:p" for r in rows)
     assert rows[0]["slo_ratio_vs_fcfs"] == 1.0 and rows[0]["slo_s_per_token"] == pytest.approx(0.1)
+    # Beside the search, the rate no policy could sustain on these requests (sim/bound.py),
+    # and a star on a rate at the SLO above it.
+    bound = rows[0]["sustainable_rate_bound"]
+    assert bound > 0 and all(r["sustainable_rate_bound"] == bound for r in rows)
+    assert f"no policy sustains more than {bound:.3f} req/s" in text
+    for r in rows:
+        line = next(x for x in text.splitlines() if x.startswith(f"{r['policy']} ")
+                    and "req/s:" not in x and x.count(":") >= 1)
+        assert ("*" in line.split(":")[0]) == (r["rate_at_slo"] > bound)
 
 
 def test_cli_sim_refuses_unknown_policy_and_settings(tmp_path, capsys):
