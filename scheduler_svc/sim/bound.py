@@ -14,16 +14,16 @@ limit, b that of ``prefill`` up to the token budget. A job decoding its k-th out
 the blocks of ``input + k`` tokens on the device, so the iterations number at least ``I = max(D
 / max_batch_size, M / num_blocks)``, D the output tokens after each job's first (the first comes
 with the prompt's last chunk) and M the sum of those blocks over every decode. Summed over the
-iterations, the time is at least ``I (f - a - b) + a D + b P`` (P all prompt tokens), which
-grows with I when ``f >= a + b`` (every published model: the fixed cost of reading the weights
-dominates), so I's least value gives the least time (otherwise the time is at least the larger
-of that sum and ``f I``, least where the two cross). No order, batching, preemption or
-offloading serves the trace faster, and none sustains more than N requests over that time. It is
-close where the batch limit binds (FCFS on equal jobs: within 1%) and looser where the pool does
-(0.79-0.83 of FCFS's makespan there, 0.82 on the Azure conversations): it counts no prompt's
-blocks during its prefill, no reserve the pool keeps free and no recomputation. Groups in
-``replicas`` multiply it; a pipelined group (several batches in flight) is not covered
-(``None``).
+iterations, the time is at least ``I (f - a - b) + a D + b P`` (P all prompt tokens; a one-token
+prompt's, which joins as a decode, at the lesser of a and b), which grows with I when ``f >= a +
+b`` (every published model: the fixed cost of reading the weights dominates), so I's least value
+gives the least time (otherwise the time is at least the larger of that sum and ``f I``, least
+where the two cross). No order, batching, preemption or offloading serves the trace faster, and
+none sustains more than N requests over that time. It is close where the batch limit binds (FCFS
+on equal jobs: within 1%) and looser where the pool does (0.79-0.83 of FCFS's makespan there,
+0.82 on the Azure conversations): it counts no prompt's blocks during its prefill, no reserve
+the pool keeps free and no recomputation. Groups in ``replicas`` multiply it; a pipelined group
+(several batches in flight) is not covered (``None``).
 """
 
 from __future__ import annotations
@@ -82,13 +82,16 @@ def sustainable_rate(requests: Iterable[RequestLike], *, cost_model: CostModel,
     decodes = sum(s.output_tokens - 1 for s in specs)
     held = sum(_blocks_up_to(s.input_tokens + s.output_tokens - 1, block_size)
                - _blocks_up_to(s.input_tokens, block_size) for s in specs)
-    prompt = sum(s.input_tokens for s in specs)
+    # A one-token prompt joins the batch as a decode (``core/batcher.py``): its token costs a
+    # decode's slope or a prefill's, whichever is the less.
+    prompt = sum(s.input_tokens for s in specs if s.input_tokens > 1)
+    single = sum(1 for s in specs if s.input_tokens == 1) * min(a, b)
     by_batch, by_pool = decodes / max_batch_size, held / num_blocks
     iterations = max(by_batch, by_pool)
     if f >= a + b:
-        least_s = iterations * (f - a - b) + a * decodes + b * prompt
+        least_s = iterations * (f - a - b) + a * decodes + b * prompt + single
     else:  # the sum falls with the iterations; each still takes f: the two bounds cross
-        iterations = max(iterations, (a * decodes + b * prompt) / (a + b))
+        iterations = max(iterations, (a * decodes + b * prompt + single) / (a + b))
         least_s = iterations * f
     return RateBound(rate=replicas * len(specs) / least_s, least_s=least_s,
                      iterations=iterations, binds="pool" if by_pool > by_batch else "batch",
