@@ -131,7 +131,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "tail is shorter than the prompt (default 0: as good as the first "
                         "token's)")
     p.add_argument("--slo-search", default=None, type=_float_list, metavar="R1,R2,...",
-                   help="also search throughput at the SLO over these rates (requests/s)")
+                   help="also search throughput at the SLO over these rates (requests/s), "
+                   "printed beside the rate no policy could sustain on the trace (a rate at the "
+                   "SLO above it is a transient of the trace's length)")
     p.add_argument("--slo", type=float, default=None, metavar="S",
                    help="SLO, seconds per output token (default 10x one decode iteration)")
     p.add_argument("--refine", type=int, default=2,
