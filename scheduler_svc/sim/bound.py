@@ -38,8 +38,8 @@ from scheduler_svc.sim.simulator import RequestLike, fit_to_context
 @dataclass(frozen=True)
 class RateBound:
     """``rate``: requests per second no policy sustains more than (``requests`` over
-    ``least_s``, times the replicas); ``iterations``: the least number of iterations per
-    group, and ``binds``: what sets it ("batch" or "pool")."""
+    ``least_s``, times the replicas); ``iterations``: the least number of iterations over
+    all groups together, and ``binds``: what sets it ("batch" or "pool")."""
 
     rate: float
     least_s: float

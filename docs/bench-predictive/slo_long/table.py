@@ -30,7 +30,6 @@ def main() -> None:
             rows = {r["policy"]: r for r in json.loads(base.read_text())}
             fcfs = rows["fcfs"]["rate_at_slo"]
             bound = rows["fcfs"]["sustainable_rate_bound"]
-
             cells = [_cell(rows["srpt-oracle"]["rate_at_slo"], fcfs, bound)]
             for sigma in ("0", "0.5", "0.75", "1"):
                 path = folder / f"{trace}_cv{cv}_sigma{sigma}.json"

@@ -1,5 +1,6 @@
 """What a policy sustains on a trace at the SLO runs' settings, against the rates at which the
-SLO searches find it under the SLO (docs/benchmarks.md, "Throughput at the SLO, seed by seed").
+SLO searches find it under the SLO (docs/benchmarks.md, "Throughput at the SLO is bounded by
+capacity").
 
 Each policy is run far past capacity (Poisson at RATE, N requests, OPT-13B/A100, batch 64,
 4,096 blocks, a 40,000-block store; `predictive` with sigma 0.75 predictions timed as the worker

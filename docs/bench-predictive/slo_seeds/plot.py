@@ -32,12 +32,13 @@ def main() -> None:
     fig, axes = plt.subplots(1, len(runs), figsize=(6.5 * len(runs), 4.2), squeeze=False)
     for ax, (trace, by_run) in zip(axes[0], sorted(runs.items())):
         keys = sorted(by_run)
-        width = 0.8 / 3
         for i, key in enumerate(keys):
             rows = by_run[key]
+            width = 0.8 / len(rows)
             for j, row in enumerate(rows):
                 rate = row["rate_at_slo"] or 0.0
-                ax.bar(i + (j - 1) * width, rate, width, color=COLOURS.get(row["policy"], "k"),
+                ax.bar(i + (j - (len(rows) - 1) / 2) * width, rate, width,
+                       color=COLOURS.get(row["policy"], "k"),
                        label=row["policy"] if i == 0 else None)
             bound = rows[0]["sustainable_rate_bound"]
             ax.hlines(bound, i - 0.45, i + 0.45, colors="tab:red",
