@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import random
 
 import pytest
 from core_driver import LINEAR, make_core, make_job, run_step
@@ -266,3 +267,38 @@ def test_refreshed_errors_drawn_anew_follow_the_job_not_the_policy(predictions_s
     with pytest.raises(ValueError, match="prediction_refresh_corr is for prediction_refresh"):
         sim(reqs, config=SchedulerConfig(policy="predictive"), cost_model=LINEAR,
             num_blocks=512, predictions=preds, prediction_refresh_corr=0.5)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_steady_iterations_is_how_long_the_batch_stays_first_and_in_order(seed):
+    """``steady_iterations`` (the simulator applies that many decodes of a repeatable plan's
+    batch at once) against the walk itself, one token further each time: predictions under,
+    at and past the tokens made, and none, so keys fall, jump and grow and cross each other
+    and the waiting jobs' keys."""
+    rng = random.Random(seed)
+    core = make_core(cost_model=LINEAR, policy="predictive", max_batch_size=3,
+                     num_blocks=256, max_context=1024, starve_limit_s=1e6)
+    for jid in range(6):
+        core.add(make_job(jid, prompt_len=2, max_tokens=500, predicted_output_tokens=rng.choice(
+            [None, float(rng.randint(1, 60)), rng.uniform(1, 60), rng.uniform(1, 60)])), 0.0)
+    steps = rng.randint(2, 40)
+    for i in range(200):
+        run_step(core, 0.01 * i)
+        if i >= steps and core.repeatable_plan is not None:
+            break
+    assert core.repeatable_plan is not None
+    pol = core.policy
+    batch = [core.jobs[c.job_id] for c in core.repeatable_plan.commands]
+    starts = [3.0 + 0.01 * i for i in range(40)]
+    k = pol.steady_iterations(batch, 0.01, starts)
+    made = [(list(job.output), job.kv.num_computed) for job in batch]
+    expected = 0
+    while expected < len(starts):
+        for job, (out, computed) in zip(batch, made):  # as ``expected`` more decodes leave it
+            job.output, job.kv.num_computed = out + [7] * expected, computed + expected
+        if list(pol.order(3.0))[:len(batch)] != batch:
+            break
+        expected += 1
+    for job, (out, computed) in zip(batch, made):
+        job.output, job.kv.num_computed = out, computed
+    assert k == expected

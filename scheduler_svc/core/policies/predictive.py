@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Iterator
 
 from scheduler_svc.core.config import SchedulerConfig
@@ -48,11 +49,14 @@ class Predictive(Policy):
         self.starvation = StarvationClock(config.starve_limit_s)
         self._starve_tokens = config.starve_tokens
 
-    @staticmethod
-    def remaining(job: Job) -> float:
+    @classmethod
+    def remaining(cls, job: Job) -> float:
         """Predicted output tokens still to come (see the module doc)."""
-        made = len(job.output)
-        predicted = job.predicted_output_tokens
+        return cls._remaining(job.predicted_output_tokens, len(job.output))
+
+    @staticmethod
+    def _remaining(predicted: float | None, made: int) -> float:
+        """``remaining`` of a job predicted ``predicted`` tokens that has made ``made``."""
         if predicted is None or predicted <= made:
             return float(made)
         return predicted - made
@@ -143,6 +147,32 @@ class Predictive(Policy):
                 if self._boosted.remove(jid):
                     self._ranked.add(job)
                 self._touch(job, now)
+
+    def steady_iterations(self, batch: list[Job], iteration_s: float,
+                          starts: list[float]) -> int:
+        """Until the first starvation deadline, or the first iteration whose keys (the batch's
+        jobs each one token further) no longer put the batch in its order ahead of every
+        other job: only the batch's keys move (one down per decode before a job's
+        prediction, one up past it), each computed as the walk computes it. A promoted job
+        of the batch is back at its rank by now, and checked there like the others; a
+        promoted job outside it would run first: none then."""
+        if len(self._boosted):
+            return 0
+        limit = bisect.bisect_right(starts, self.starvation.next_deadline())
+        ids = {job.job_id for job in batch}
+        least = self._ranked.least_key(ids)
+        made = [len(job.output) for job in batch]
+        for k in range(limit):
+            prev: Key | None = None
+            for job, m in zip(batch, made):
+                key = (self._remaining(job.predicted_output_tokens, m + k), job.num_pending,
+                       job.job_id)
+                if prev is not None and key <= prev:
+                    return k
+                prev = key
+            if least is not None and prev is not None and prev >= least:
+                return k
+        return limit
 
     def queues(self) -> list[tuple[str, int]]:
         return [("starving", len(self._boosted)),

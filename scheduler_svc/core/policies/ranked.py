@@ -252,6 +252,15 @@ class Ranked:
             early += j.job_id in starting
         return out
 
+    def least_key(self, leave_out: set[int]) -> Key | None:
+        """The smallest key of a job here not in ``leave_out`` (None: there is none)."""
+        key = self.key
+        keys = [key(j) for jid, j in self.ran.items() if jid not in leave_out]
+        fresh = self.fresh.keys
+        if fresh:
+            keys.append(fresh[0][0])
+        return min(keys) if keys else None
+
     def positions(self, offset: int) -> dict[int, int]:
         """``places`` by job id, plus ``offset``."""
         return {j.job_id: offset + i for i, j in self.places()}
