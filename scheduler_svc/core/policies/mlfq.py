@@ -146,7 +146,8 @@ class SkipJoinMLFQ(Policy):
         """Until the first demotion of a batch job (its service summed as ``on_iteration``
         sums it) or the first starvation deadline: a job that ran and stays goes back to the
         head of its queue, so the order is unchanged in between."""
-        k = bisect.bisect_right(starts, self.starvation.next_deadline())
+        k = bisect.bisect_right(
+            starts, self.starvation.next_deadline(starts[-1] if starts else 0.0))
         last = len(self.quanta) - 1
         for job in batch:
             jid = job.job_id

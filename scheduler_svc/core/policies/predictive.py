@@ -158,7 +158,8 @@ class Predictive(Policy):
         promoted job outside it would run first: none then."""
         if len(self._boosted):
             return 0
-        limit = bisect.bisect_right(starts, self.starvation.next_deadline())
+        limit = bisect.bisect_right(
+            starts, self.starvation.next_deadline(starts[-1] if starts else 0.0))
         ids = {job.job_id for job in batch}
         least = self._ranked.least_key(ids)
         made = [len(job.output) for job in batch]
