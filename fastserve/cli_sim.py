@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
+import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 from scheduler_svc.config_args import (
     DEFAULTS,
@@ -136,6 +139,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "SLO above it is a transient of the trace's length)")
     p.add_argument("--slo", type=float, default=None, metavar="S",
                    help="SLO, seconds per output token (default 10x one decode iteration)")
+    p.add_argument("--seeds", type=int, default=1, metavar="N",
+                   help="with --slo-search: search again with arrival seeds --seed+1 .. "
+                   "--seed+N-1 (arrivals and prediction noise drawn anew, lengths the same) "
+                   "and print each policy's rate and ratio to fcfs per seed, with their median "
+                   "and minimum: one seed's ratio can be far from another's")
     p.add_argument("--refine", type=int, default=2,
                    help="bisection steps after the SLO grid search (default 2)")
     p.add_argument("--json", default=None, metavar="OUT",
@@ -285,14 +293,16 @@ def run(args: argparse.Namespace) -> int:
                                     if args.kv_bytes_per_token is not None
                                     else cost_model.kv_bytes_per_token))
 
-        def trace(rate: float | None) -> list:
+        def trace(rate: float | None, seed: int = args.seed) -> list:
             return load_trace(args.trace, rate=rate, arrivals=args.arrivals, cv=args.cv,
                               length_scale=args.length_scale, max_input=args.max_input,
                               max_output=args.max_output, num_requests=args.num_requests,
-                              seed=args.seed)
+                              seed=seed)
 
         requests = trace(args.rate)
         predictions = load_predictions(args.predictions) if args.predictions else None
+        if args.seeds < 1:
+            raise ValueError(f"--seeds must be at least 1, got {args.seeds}")
     except ValueError as e:
         print(f"fastserve sim: {e}", file=sys.stderr)
         return 2
@@ -330,21 +340,31 @@ def run(args: argparse.Namespace) -> int:
 
     if args.slo_search:
         slo = args.slo if args.slo is not None else default_slo(cost_model)
-        searches = {}
-        for label, config in configs.items():
-            with tqdm(desc=f"{label} SLO search", unit="req", file=sys.stderr,
-                      leave=False) as bar:
-                searches[label] = throughput_at_slo(
-                    trace, args.slo_search, slo, config=config,
-                    refine_steps=args.refine, progress=bar.update, **sim)
-        base_label = next((lb for lb, c in configs.items() if c.policy == "fcfs"), None)
-        base = searches[base_label].rate if base_label else None
         first = next(iter(configs.values()))
-        bound = sustainable_rate(requests, cost_model=cost_model, num_blocks=args.num_blocks,
-                                 block_size=args.block_size, max_context=args.max_context,
-                                 max_batch_size=first.max_batch_size,
-                                 max_batched_tokens=first.max_batched_tokens,
-                                 replicas=args.replicas)
+
+        def search(seed: int) -> tuple[dict, Any]:
+            """Every policy's search on the requests of arrival seed ``seed``, and the rate no
+            policy could sustain on them."""
+            found = {}
+            for label, config in configs.items():
+                with tqdm(desc=f"{label} SLO search, seed {seed}", unit="req", file=sys.stderr,
+                          leave=False) as bar:
+                    found[label] = throughput_at_slo(
+                        functools.partial(trace, seed=seed), args.slo_search, slo,
+                        config=config, refine_steps=args.refine, progress=bar.update,
+                        **{**sim, "prediction_seed": seed})
+            bound = sustainable_rate(
+                trace(args.rate, seed), cost_model=cost_model, num_blocks=args.num_blocks,
+                block_size=args.block_size, max_context=args.max_context,
+                max_batch_size=first.max_batch_size,
+                max_batched_tokens=first.max_batched_tokens, replicas=args.replicas)
+            return found, bound
+
+        seeds = list(range(args.seed, args.seed + args.seeds))
+        by_seed = [search(seed) for seed in seeds]
+        base_label = next((lb for lb, c in configs.items() if c.policy == "fcfs"), None)
+        searches, bound = by_seed[0]
+        base = searches[base_label].rate if base_label else None
         print(f"\nthroughput at the SLO (mean latency per token <= {slo * 1e3:.1f} ms), "
               f"searched over {','.join(f'{r:g}' for r in args.slo_search)} req/s")
         if bound is not None:
@@ -358,8 +378,7 @@ def run(args: argparse.Namespace) -> int:
             ratio = s.rate / base if s.rate is not None and base else None
             curve = ", ".join(f"{p.rate:g}: {'>' if p.lower_bound else ''}"
                               f"{p.mean_latency_per_token_s * 1e3:.0f}" for p in s.curve)
-            above = bound is not None and s.rate is not None and s.rate > bound.rate
-            print(f"{label:<26} {_fmt(s.rate, '>11.3f')}{'*' if above else ' '} "
+            print(f"{label:<26} {_fmt(s.rate, '>11.3f')}{_star(s.rate, bound)} "
                   f"{_fmt(ratio, '>7.2f')}{'x' if ratio else ' '}  {curve}")
             row.update({
                 "sustainable_rate_bound": bound.rate if bound is not None else None,
@@ -369,10 +388,44 @@ def run(args: argparse.Namespace) -> int:
                                "meets_slo": p.meets_slo,
                                "lower_bound": p.lower_bound} for p in s.curve],
             })
+        if len(seeds) > 1:
+            _print_by_seed(seeds, by_seed, base_label, configs, rows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)
     return 0
+
+
+def _star(rate: float | None, bound: Any) -> str:
+    """'*' on a rate at the SLO above the bound no policy passes."""
+    return "*" if bound is not None and rate is not None and rate > bound.rate else " "
+
+
+def _print_by_seed(seeds: list[int], by_seed: list[tuple[dict, Any]], base_label: str | None,
+                   configs: dict, rows: list[dict]) -> None:
+    """Each policy's rate at the SLO and its ratio to fcfs's on the same arrivals, per seed,
+    with the ratios' median and minimum (into ``rows`` too)."""
+    print("\nby arrival seed: req/s at the SLO (* above that seed's bound) and / fcfs")
+    head = "".join(f"{'seed ' + str(seed):>16}" for seed in seeds)
+    print(f"{'policy':<26}{head} {'median':>7} {'min':>6}")
+    for label, row in zip(configs, rows):
+        cells, ratios, records = [], [], []
+        for seed, (found, bound) in zip(seeds, by_seed):
+            rate = found[label].rate
+            base = found[base_label].rate if base_label else None
+            ratio = rate / base if rate is not None and base else None
+            cells.append(f"{_fmt(rate, '>8.3f')}{_star(rate, bound)}"
+                         f"{_fmt(ratio, '>6.2f')}{'x' if ratio else ' '}")
+            if ratio is not None:
+                ratios.append(ratio)
+            records.append({"seed": seed, "rate_at_slo": rate, "slo_ratio_vs_fcfs": ratio,
+                            "sustainable_rate_bound": bound.rate if bound else None})
+        median = statistics.median(ratios) if ratios else None
+        least = min(ratios) if ratios else None
+        print(f"{label:<26}{''.join(cells)} {_fmt(median, '>6.2f')}{'x' if median else ' '}"
+              f"{_fmt(least, '>5.2f')}{'x' if least else ' '}")
+        row.update({"slo_by_seed": records, "slo_ratio_median": median,
+                    "slo_ratio_min": least})
 
 
 def _fmt(value: float | None, fmt: str) -> str:

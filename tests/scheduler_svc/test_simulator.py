@@ -253,6 +253,41 @@ def test_cli_sim_prints_a_row_per_policy_and_writes_json(tmp_path, capsys):
         assert ("*" in line.split(":")[0]) == (r["rate_at_slo"] > bound)
 
 
+def test_cli_sim_searches_the_slo_per_arrival_seed(tmp_path, capsys):
+    """``--seeds N``: the search again on the arrivals of seeds --seed+1..; each seed's
+    figures are those of a run with that --seed alone, ratios to fcfs of the same seed."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"input_tokens": r.input_tokens,
+                                         "output_tokens": r.output_tokens}) + "\n"
+                             for r in make_requests(40)))
+    common = ["sim", "--trace", str(trace), "--policies", "fcfs,srpt-oracle",
+              "--num-blocks", "256", "--max-batch-size", "4", "--arrivals", "gamma",
+              "--cv", "4", "--rate", "20", "--slo-search", "1,4,16,64", "--refine", "1"]
+
+    def run(*extra):
+        out = tmp_path / "out.json"
+        assert cli_main([*common, "--json", str(out), *extra]) == 0
+        return json.loads(out.read_text()), capsys.readouterr().out
+
+    rows, text = run("--seed", "3", "--seeds", "3")
+    assert "by arrival seed" in text and "seed 5" in text
+    for r in rows:
+        assert [s["seed"] for s in r["slo_by_seed"]] == [3, 4, 5]
+        assert r["slo_by_seed"][0]["rate_at_slo"] == r["rate_at_slo"]
+    alone, _ = run("--seed", "4")
+    for r, a in zip(rows, alone):
+        assert r["slo_by_seed"][1]["rate_at_slo"] == a["rate_at_slo"]
+        assert r["slo_by_seed"][1]["sustainable_rate_bound"] == a["sustainable_rate_bound"]
+    fcfs, oracle = rows
+    ratios = [o["rate_at_slo"] / f["rate_at_slo"]
+              for o, f in zip(oracle["slo_by_seed"], fcfs["slo_by_seed"])]
+    assert [s["slo_ratio_vs_fcfs"] for s in oracle["slo_by_seed"]] == pytest.approx(ratios)
+    assert oracle["slo_ratio_median"] == pytest.approx(sorted(ratios)[1])
+    assert oracle["slo_ratio_min"] == pytest.approx(min(ratios))
+    assert cli_main([*common, "--seeds", "0"]) == 2
+    assert "--seeds must be at least 1, got 0" in capsys.readouterr().err
+
+
 def test_cli_sim_refuses_unknown_policy_and_settings(tmp_path, capsys):
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"arrival_s": 0, "input_tokens": 4, "output_tokens": 4}\n')
