@@ -29,9 +29,20 @@ import json, sys
 rows = json.load(open(sys.argv[1]))
 base = rows[0]["rate_at_slo"]
 bound = rows[0]["sustainable_rate_bound"]
-parts = [f"{r['label']} {r['rate_at_slo']:.3f}{'*' if r['rate_at_slo'] > bound else ''}"
-         f" ({r['rate_at_slo'] / base:.2f}x)" for r in rows]
-print(sys.argv[2], ", ".join(parts), f"| bound {bound:.3f} req/s, fcfs at {base / bound:.2f} of it")
+
+
+def part(r):  # a policy that met the SLO at no rate searched: "-"
+    rate = r["rate_at_slo"]
+    if rate is None:
+        return f"{r['label']} -"
+    star = "*" if bound is not None and rate > bound else ""
+    ratio = f" ({rate / base:.2f}x)" if base else ""
+    return f"{r['label']} {rate:.3f}{star}{ratio}"
+
+
+tail = (f"| bound {bound:.3f} req/s" + (f", fcfs at {base / bound:.2f} of it" if base else "")
+        if bound is not None else "")
+print(sys.argv[2], ", ".join(part(r) for r in rows), tail)
 PY
   done
 done
