@@ -15,7 +15,8 @@ job. A window ends before anything that could change the plan:
 |                                |                                 | full batch, arrivals that |
 |                                |                                 | never outrank started ones)|
 | a demotion, a promotion        | ``Policy.steady_iterations``    | 0 if it cannot say        |
-| an exchange planned ahead      | ``KVPolicy.steady``             | free blocks vs headroom   |
+| an exchange planned ahead      | ``KVPolicy.steady``             | free blocks vs headroom,  |
+|                                |                                 | an offloaded job's ENST   |
 
 Only plans the walk filled entirely (every job it ranked is in the batch: nothing skipped for
 blocks, uploads or claims, which time could change), of decodes of jobs the worker holds, with
@@ -103,7 +104,8 @@ def window(core: GroupCore, iteration_s: float, start: float, next_arrival: floa
 
     def fits(k: int) -> bool:
         left = free - _crossings(batch, k, bs)
-        return left >= 0 and kvp.steady(start, left, len(batch), arrivals_preempt)
+        return left >= 0 and kvp.steady(start, left, len(batch), arrivals_preempt,
+                                         starts[k - 1])
 
     lo, hi = 0, len(starts)
     while lo < hi:

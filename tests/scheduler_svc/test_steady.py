@@ -72,6 +72,30 @@ def test_fast_forward_gives_identical_figures(policy, kv, monkeypatch):
         assert sum(windows) > slow.num_iterations / 3, (len(windows), sum(windows))
 
 
+@pytest.mark.parametrize("policy", ["skip-join-mlfq", "mlfq"])
+def test_the_planner_holds_steady_while_jobs_are_offloaded_and_none_is_due(policy,
+                                                                         monkeypatch):
+    """With jobs in the store whose ENST is further off than the window (less the upload's
+    lead), the proactive planner plans nothing there: windows run with jobs offloaded, and
+    the figures are those of planning every iteration. (Under ``predictive`` the offloaded
+    jobs ranked just after the batch are due at once, waiting for room: no such window.)"""
+    reqs = overload(300, rate=12.0)
+    slow = sim(reqs, policy, "proactive", fast=False)
+    offloaded_windows = []
+    real_advance = steady.advance
+
+    def counted(core, starts, iteration_s, token):
+        if core.kv.offloaded:
+            offloaded_windows.append(len(starts))
+        return real_advance(core, starts, iteration_s, token)
+
+    monkeypatch.setattr("scheduler_svc.sim.simulator.advance", counted)
+    fast = sim(reqs, policy, "proactive", fast=True)
+    assert fast.records == slow.records and fast.summary() == slow.summary()
+    assert slow.num_swap_outs > 0
+    assert sum(offloaded_windows) > 0, offloaded_windows
+
+
 @pytest.mark.parametrize("policy", ["fcfs", "skip-join-mlfq"])
 def test_a_run_stopped_at_the_slo_stops_at_the_same_iteration(policy):
     reqs = overload(200, rate=30.0)

@@ -97,10 +97,10 @@ class KVPolicy:
         """The batch is formed: exchanges planned ahead go into ``step.plan`` here."""
 
     def steady(self, now: float, min_free: int, batch_size: int,
-               arrivals_preempt: bool) -> bool:
-        """Whether ``after_batch`` plans nothing in Steps from ``now`` on while free blocks stay
-        at least ``min_free`` and nothing arrives (``core/steady.py``). Only the planner
-        plans there."""
+               arrivals_preempt: bool, last: float) -> bool:
+        """Whether ``after_batch`` plans nothing in the Steps from ``now`` to ``last`` while
+        free blocks stay at least ``min_free``, nothing arrives and the last plan's batch
+        repeats (``core/steady.py``). Only the planner plans there."""
         return True
 
 
@@ -148,6 +148,10 @@ class Proactive(KVPolicy):
     def __init__(self, config: SchedulerConfig, ledger: KVLedger):
         super().__init__(config, ledger)
         self._arrivals: deque[tuple[float, int]] = deque()  # (time, prompt blocks)
+        # No offloaded job is due for an upload in a Step before this time, while the last
+        # plan's batch repeats: a job's ENST falls by at most the time gone by (a place in
+        # the order stays; a starvation deadline comes nearer). -inf: not known.
+        self._quiet_until = float("-inf")
 
     def on_arrival(self, job: Job, now: float) -> None:
         arrivals = self._arrivals
@@ -168,17 +172,18 @@ class Proactive(KVPolicy):
         return min(sum(b for _, b in arrivals), cap)
 
     def steady(self, now: float, min_free: int, batch_size: int,
-               arrivals_preempt: bool) -> bool:
+               arrivals_preempt: bool, last: float) -> bool:
         ledger = self.ledger
         if not ledger.store_steady(now):
             return False
         if not ledger.store_blocks:
             return True  # no store: the planner never plans
         # The headroom only shrinks as its window moves on without arrivals.
-        return (not ledger.offloaded
+        return ((not ledger.offloaded or last < self._quiet_until)
                 and min_free >= self.headroom(now, arrivals_preempt) + batch_size)
 
     def after_batch(self, step: StepContext) -> None:
+        self._quiet_until = float("-inf")
         if not self.ledger.store_up:
             return
         ledger, plan = self.ledger, step.plan
@@ -219,12 +224,15 @@ class Proactive(KVPolicy):
                     and len(victim.kv.blocks) <= ledger.store_free()
                     and ledger.copies.backlog() <= soon)
 
+        quiet = float("inf")  # the least time before an offloaded job is due, none due yet
         for job in sorted(ledger.offloaded.values(), key=lambda j: enst.get(j.job_id, 0.0)):
             if job.job_id in busy:
                 continue  # offloaded in this very Step: not back before the result confirms it
             t = enst.get(job.job_id, float("inf"))
             if t > soon + swap_s(job.kv.stored):
+                quiet = min(quiet, t - soon - swap_s(job.kv.stored))
                 continue
+            quiet = float("-inf")
             need = blocks_for(job.kv.num_computed + 1, bs)
             # Make room by offloading paused jobs that will run later than this one.
             free = ledger.num_free - ledger.num_reserved()
@@ -238,6 +246,7 @@ class Proactive(KVPolicy):
                 break  # room is on its way (or cannot be made): upload from a later Step
             ledger.swap_in(job, plan)
             busy.add(job.job_id)
+        self._quiet_until = step.now + quiet
         # Restore the headroom with the paused jobs that will not run soon.
         for victim in paused:
             if ledger.num_free + freeing >= headroom:
