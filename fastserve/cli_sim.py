@@ -341,10 +341,15 @@ def run(args: argparse.Namespace) -> int:
     if args.slo_search:
         slo = args.slo if args.slo is not None else default_slo(cost_model)
         first = next(iter(configs.values()))
+        # The bound reads the lengths only, which the arrival seed leaves as they are.
+        bound = sustainable_rate(requests, cost_model=cost_model, num_blocks=args.num_blocks,
+                                 block_size=args.block_size, max_context=args.max_context,
+                                 max_batch_size=first.max_batch_size,
+                                 max_batched_tokens=first.max_batched_tokens,
+                                 replicas=args.replicas)
 
-        def search(seed: int) -> tuple[dict, Any]:
-            """Every policy's search on the requests of arrival seed ``seed``, and the rate no
-            policy could sustain on them."""
+        def search(seed: int) -> dict:
+            """Every policy's search on the requests of arrival seed ``seed``."""
             found = {}
             for label, config in configs.items():
                 with tqdm(desc=f"{label} SLO search, seed {seed}", unit="req", file=sys.stderr,
@@ -353,17 +358,12 @@ def run(args: argparse.Namespace) -> int:
                         functools.partial(trace, seed=seed), args.slo_search, slo,
                         config=config, refine_steps=args.refine, progress=bar.update,
                         **{**sim, "prediction_seed": seed})
-            bound = sustainable_rate(
-                trace(args.rate, seed), cost_model=cost_model, num_blocks=args.num_blocks,
-                block_size=args.block_size, max_context=args.max_context,
-                max_batch_size=first.max_batch_size,
-                max_batched_tokens=first.max_batched_tokens, replicas=args.replicas)
-            return found, bound
+            return found
 
         seeds = list(range(args.seed, args.seed + args.seeds))
         by_seed = [search(seed) for seed in seeds]
         base_label = next((lb for lb, c in configs.items() if c.policy == "fcfs"), None)
-        searches, bound = by_seed[0]
+        searches = by_seed[0]
         base = searches[base_label].rate if base_label else None
         print(f"\nthroughput at the SLO (mean latency per token <= {slo * 1e3:.1f} ms), "
               f"searched over {','.join(f'{r:g}' for r in args.slo_search)} req/s")
@@ -375,7 +375,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{'policy':<26} {'req/s at SLO':>12} {'vs fcfs':>8}  curve (req/s: ms/token)")
         for label, row in zip(configs, rows):
             s = searches[label]
-            ratio = s.rate / base if s.rate is not None and base else None
+            ratio = _ratio(s.rate, base)
             curve = ", ".join(f"{p.rate:g}: {'>' if p.lower_bound else ''}"
                               f"{p.mean_latency_per_token_s * 1e3:.0f}" for p in s.curve)
             print(f"{label:<26} {_fmt(s.rate, '>11.3f')}{_star(s.rate, bound)} "
@@ -389,7 +389,7 @@ def run(args: argparse.Namespace) -> int:
                                "lower_bound": p.lower_bound} for p in s.curve],
             })
         if len(seeds) > 1:
-            _print_by_seed(seeds, by_seed, base_label, configs, rows)
+            _print_by_seed(seeds, by_seed, bound, base_label, configs, rows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)
@@ -401,19 +401,23 @@ def _star(rate: float | None, bound: Any) -> str:
     return "*" if bound is not None and rate is not None and rate > bound.rate else " "
 
 
-def _print_by_seed(seeds: list[int], by_seed: list[tuple[dict, Any]], base_label: str | None,
+def _ratio(rate: float | None, base: float | None) -> float | None:
+    """A rate at the SLO over fcfs's (None where either is missing)."""
+    return rate / base if rate is not None and base else None
+
+
+def _print_by_seed(seeds: list[int], by_seed: list[dict], bound: Any, base_label: str | None,
                    configs: dict, rows: list[dict]) -> None:
     """Each policy's rate at the SLO and its ratio to fcfs's on the same arrivals, per seed,
     with the ratios' median and minimum (into ``rows`` too)."""
-    print("\nby arrival seed: req/s at the SLO (* above that seed's bound) and / fcfs")
+    print("\nby arrival seed: req/s at the SLO (* above the bound) and / fcfs")
     head = "".join(f"{'seed ' + str(seed):>16}" for seed in seeds)
     print(f"{'policy':<26}{head} {'median':>7} {'min':>6}")
     for label, row in zip(configs, rows):
         cells, ratios, records = [], [], []
-        for seed, (found, bound) in zip(seeds, by_seed):
+        for seed, found in zip(seeds, by_seed):
             rate = found[label].rate
-            base = found[base_label].rate if base_label else None
-            ratio = rate / base if rate is not None and base else None
+            ratio = _ratio(rate, found[base_label].rate if base_label else None)
             cells.append(f"{_fmt(rate, '>8.3f')}{_star(rate, bound)}"
                          f"{_fmt(ratio, '>6.2f')}{'x' if ratio else ' '}")
             if ratio is not None:

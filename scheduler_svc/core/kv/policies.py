@@ -229,8 +229,9 @@ class Proactive(KVPolicy):
             if job.job_id in busy:
                 continue  # offloaded in this very Step: not back before the result confirms it
             t = enst.get(job.job_id, float("inf"))
-            if t > soon + swap_s(job.kv.stored):
-                quiet = min(quiet, t - soon - swap_s(job.kv.stored))
+            lead = soon + swap_s(job.kv.stored)
+            if t > lead:
+                quiet = min(quiet, t - lead)
                 continue
             quiet = float("-inf")
             need = blocks_for(job.kv.num_computed + 1, bs)

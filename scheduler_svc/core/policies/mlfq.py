@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import bisect
 import itertools
 from collections.abc import Iterable
 
@@ -146,8 +145,7 @@ class SkipJoinMLFQ(Policy):
         """Until the first demotion of a batch job (its service summed as ``on_iteration``
         sums it) or the first starvation deadline: a job that ran and stays goes back to the
         head of its queue, so the order is unchanged in between."""
-        k = bisect.bisect_right(
-            starts, self.starvation.next_deadline(starts[-1] if starts else 0.0))
+        k = self.starvation.none_starve(starts)
         last = len(self.quanta) - 1
         for job in batch:
             jid = job.job_id

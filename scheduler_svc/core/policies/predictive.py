@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterable, Iterator
 
 from scheduler_svc.core.config import SchedulerConfig
@@ -74,9 +73,15 @@ class Predictive(Policy):
 
     @classmethod
     def _key(cls, job: Job) -> Key:
+        return cls._key_at(job, len(job.output))
+
+    @classmethod
+    def _key_at(cls, job: Job, made: int) -> Key:
+        """``job``'s key once it has made ``made`` tokens, its prediction and the tokens it
+        has yet to compute as now (a decode adds one to both its tokens and its KV)."""
         # The tie-break matters: with exact predictions it took the mean latency per token
         # from 179 to 142 ms (1,000 Azure conversations at 3 req/s), the oracle's figure.
-        return (cls.remaining(job), job.num_pending, job.job_id)
+        return (cls._remaining(job.predicted_output_tokens, made), job.num_pending, job.job_id)
 
     def _touch(self, job: Job, now: float) -> None:
         self.starvation.touch(job.job_id, now, 1.0 + self.remaining(job) / self._starve_tokens)
@@ -158,16 +163,14 @@ class Predictive(Policy):
         promoted job outside it would run first: none then."""
         if len(self._boosted):
             return 0
-        limit = bisect.bisect_right(
-            starts, self.starvation.next_deadline(starts[-1] if starts else 0.0))
+        limit = self.starvation.none_starve(starts)
         ids = {job.job_id for job in batch}
         least = self._ranked.least_key(ids)
         made = [len(job.output) for job in batch]
         for k in range(limit):
             prev: Key | None = None
             for job, m in zip(batch, made):
-                key = (self._remaining(job.predicted_output_tokens, m + k), job.num_pending,
-                       job.job_id)
+                key = self._key_at(job, m + k)
                 if prev is not None and key <= prev:
                     return k
                 prev = key

@@ -16,6 +16,7 @@ deadline goes back in at the deadline. Finding the starving jobs costs O(log n) 
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Iterator
 
@@ -87,6 +88,13 @@ class StarvationClock:
         after ``until`` (inf: no job): no job starves before it."""
         self._settle(until)
         return self._waits[0][0] if self._waits else float("inf")
+
+    def none_starve(self, starts: list[float]) -> int:
+        """How many of the Steps at ``starts`` (ascending) come before any job starves, by the
+        deadlines as they are now (the batch's own are moved on at each of its touches)."""
+        if not starts:
+            return 0
+        return bisect.bisect_right(starts, self.next_deadline(starts[-1]))
 
     def time_left(self, jid: int, now: float) -> float:
         return max(self.deadline[jid] - now, 0.0)
