@@ -25,6 +25,7 @@ from scheduler_svc.core.cost_model import CostModel
 from scheduler_svc.core.job import Job
 from scheduler_svc.core.policies.base import Policy, register
 from scheduler_svc.core.policies.ranked import Key, Ranked, WalkSkip
+from scheduler_svc.core.policies.repeated_sum import add_repeatedly
 from scheduler_svc.core.policies.starvation import StarvationClock
 
 
@@ -170,9 +171,10 @@ class SkipJoinMLFQ(Policy):
         it is demoted below i's queue: what is left of j's quantum in its own queue plus the
         full quanta of the queues from just below j's down to i's. One pass in priority order
         with running sums, so it costs O(live jobs). A job that has not run has had no
-        service: under overload the queue is mostly such jobs, and with ``started_only`` each
-        costs three additions (the same ones, in the same order: the figures do not move),
-        its queue's runs of them counted from ``Ranked.places``, not read.
+        service: under overload the queue is mostly such jobs, and with ``started_only`` a run
+        of them between two started jobs (counted from ``Ranked.places``, not read) adds its
+        terms at once (``add_repeatedly``: the same sums, bit for bit, as one addition per
+        job), so the cost is per started job, not per queued one.
         """
         self._promote_starving(now)
         # below[l] = sum of the quanta of queues 0..l-1.
@@ -189,10 +191,11 @@ class SkipJoinMLFQ(Policy):
                 placed, size = list(enumerate(queue.walk(None))), 0
             last = -1
             for place, job in [*placed, (size, None)]:
-                for _ in range(place - last - 1):
-                    ahead += 1  # as below, with no service yet: its whole quantum is left
-                    rem_sum += max(quantum - 0.0, 0.0)
-                    below_sum += below_next
+                run = place - last - 1
+                if run > 0:  # as below, with no service yet: each one's whole quantum is left
+                    ahead += run  # whole numbers: exact
+                    rem_sum = add_repeatedly(rem_sum, max(quantum - 0.0, 0.0), run)
+                    below_sum = add_repeatedly(below_sum, below_next, run)
                 last = place
                 if job is None:
                     break

@@ -18,6 +18,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 
 from scheduler_svc.core.job import Job
+from scheduler_svc.core.policies.bucket_index import BucketIndex
 
 # (primary key, secondary, tertiary): unique per job (the job id is in it), compared as is.
 Key = tuple[float, int, int]
@@ -62,6 +63,10 @@ class Fresh:
         self.least: list[int] = []
         self.last: list[Key] = []
         self.key_of: dict[int, Key] = {}
+        # Runs of buckets passed or counted at once (``bucket_index.py``); rebuilt before its
+        # next use once a bucket has been inserted or deleted.
+        self.index = BucketIndex()
+        self._stale = False
 
     def __len__(self) -> int:
         return len(self.key_of)
@@ -75,6 +80,7 @@ class Fresh:
             self.needs.append([n])
             self.least.append(n)
             self.last.append(key)
+            self._stale = True
             return
         i = min(bisect_left(self.last, key), len(self.keys) - 1)
         keys, jobs, needs = self.keys[i], self.jobs[i], self.needs[i]
@@ -91,6 +97,9 @@ class Fresh:
             del keys[BUCKET:], jobs[BUCKET:], needs[BUCKET:]
             self.least[i:i + 1] = [min(needs), min(self.needs[i + 1])]
             self.last[i:i + 1] = [keys[-1], self.keys[i + 1][-1]]
+            self._stale = True
+        elif not self._stale:
+            self.index.set(i, self.least[i], len(keys))
 
     def remove(self, job_id: int) -> bool:
         """Take the job out; whether it was here."""
@@ -105,22 +114,35 @@ class Fresh:
         n = self.needs[i].pop(p)
         if not keys:
             del self.keys[i], self.jobs[i], self.needs[i], self.least[i], self.last[i]
+            self._stale = True
             return True
         self.last[i] = keys[-1]
         if n == self.least[i]:
             self.least[i] = min(self.needs[i])
+        if not self._stale:
+            self.index.set(i, self.least[i], len(keys))
         return True
 
+    def _indexed(self) -> BucketIndex:
+        """The index, rebuilt first if a bucket was inserted or deleted since it was built."""
+        if self._stale:
+            self.index.rebuild(self.least, [len(k) for k in self.keys])
+            self._stale = False
+        return self.index
+
     def count_below(self, keys_sorted: list[Key]) -> list[int]:
-        """For each key of ``keys_sorted`` (ascending), how many jobs here rank before it."""
+        """For each key of ``keys_sorted`` (ascending), how many jobs here rank before it:
+        the jobs of the buckets before the one it falls in, counted by the index."""
         out: list[int] = []
+        last, nb = self.last, len(self.last)
+        index = self._indexed()
         i, before = 0, 0
-        last = self.last
         for key in keys_sorted:
-            while i < len(last) and last[i] < key:
-                before += len(self.keys[i])
-                i += 1
-            out.append(before + (bisect_left(self.keys[i], key) if i < len(last) else 0))
+            j = bisect_left(last, key, i)
+            if j > i:
+                before += index.total(i, j)
+                i = j
+            out.append(before + (bisect_left(self.keys[i], key) if i < nb else 0))
         return out
 
     def walk(self, ran: list[tuple[Key, Job]], skip: WalkSkip | None) -> Iterator[Job]:
@@ -130,6 +152,7 @@ class Fresh:
         claimed = skip.claimed if skip is not None else set()
         guards = sorted(self.key_of[j] for j in claimed if j in self.key_of)
         nb, nr = len(keys), len(ran)
+        index = self._indexed() if skip is not None else None
         b = p = r = 0
         while True:
             head: Key | None = ran[r][0] if r < nr else None
@@ -141,7 +164,7 @@ class Fresh:
                     continue
                 if head is not None and head < bucket[p]:
                     break
-                if skip is None:
+                if skip is None or index is None:
                     found = jobs[b][p]
                     break
                 floor = skip.floor
@@ -149,6 +172,17 @@ class Fresh:
                         and not _guarded(guards, bucket[p], last[b])):
                     skip.passed += len(bucket) - p
                     b, p = b + 1, 0
+                    # The buckets after it that pass as a whole, at once: up to the first
+                    # with a need under the floor, the first ending at or after the next
+                    # started job, or the first holding a claimed job's key.
+                    end = nb if head is None else bisect_left(last, head, b)
+                    g = bisect_left(guards, keys[b][0]) if b < end else len(guards)
+                    if g < len(guards):
+                        end = min(end, bisect_left(last, guards[g], b))
+                    end = index.first_at_most(b, end, floor)
+                    if end > b:
+                        skip.passed += index.total(b, end)
+                        b = end
                     continue
                 if needs[b][p] > floor and jobs[b][p].job_id not in claimed:
                     skip.passed += 1
