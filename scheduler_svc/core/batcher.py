@@ -20,7 +20,7 @@ from scheduler_svc.core.kv.allocator import blocks_for
 from scheduler_svc.core.kv.displace import Displacement
 from scheduler_svc.core.kv.ledger import KVLedger
 from scheduler_svc.core.kv.policies import KVPolicy
-from scheduler_svc.core.policies.ranked import NEVER, WalkSkip
+from scheduler_svc.core.policies.ranked import ALWAYS, NEVER, WalkSkip
 from scheduler_svc.core.step_context import StepContext
 
 
@@ -90,6 +90,7 @@ class Batcher:
         # slot: such jobs used to fill the batch's slots and then compute nothing, while
         # decodable jobs behind them waited.
         self._promised, self._promises, self._sure, self._trimmed = 0, {}, set(), []
+        unfed = 0  # new jobs walked once the prefills before them took every token
         # Once every started job is seen and prefills sure of their blocks (held, or promised
         # to a new job) cover the token budget, the new jobs left would get no tokens (chunks
         # are sized in walk order): the walk ends, so a long queue of new jobs costs nothing
@@ -114,9 +115,14 @@ class Batcher:
             if job.started:
                 started_seen += 1
             else:
-                if (started_seen == num_started and num_waiting_single == 0 and self._sure
-                        and self._covers(prefills, budget)):
+                covered = self._sure and self._covers(prefills, budget)
+                if started_seen == num_started and num_waiting_single == 0 and covered:
                     break
+                if covered and len(job.prompt) > 1:
+                    # Its prefill would get no token (chunks are sized in walk order): it
+                    # takes no slot, holds no promised blocks and displaces nothing.
+                    unfed += 1
+                    continue
                 if admission_closed:  # a new job behind one that waits: it waits too
                     if started_seen == num_started or (stuck and holders_seen == num_holding):
                         break
@@ -239,7 +245,7 @@ class Batcher:
                 self._add(job, n, step)
                 chosen.add(job.job_id)
                 budget -= n
-        step.passed = skip.passed if skip is not None else 0
+        step.passed = (skip.passed if skip is not None else 0) + unfed
         # Priority order (for the policy's head return).
         plan.commands = sorted(commands, key=lambda c: rank[c.job_id])
         if not plan.commands:
@@ -253,9 +259,15 @@ class Batcher:
         """Tokens above which a new job's whole prompt (plus one) can neither start nor
         claim room by displacement where the walk stands (``WalkSkip``): ``_fit`` and the
         displacement branch of ``form``, solved for the job's need. ``NEVER`` where the next
-        job's visit could end the walk (the checks at the top of ``form``'s loop)."""
-        if budget <= 0 or (all_started_seen and self._sure and self._covers(prefills, budget)):
+        job's visit could end the walk (the checks at the top of ``form``'s loop); ``ALWAYS``
+        (every new job but a one-token prompt passes) once the prefills walked take every
+        token left, where ``form`` would skip such a job anyway."""
+        if budget <= 0:
             return NEVER
+        if self._sure and self._covers(prefills, budget):
+            # No new job's prefill can get a token: pass them all (one-token prompts join as
+            # decodes and are never passed); at the end of the walk, end it.
+            return NEVER if all_started_seen else ALWAYS
         ledger = self.ledger
         blocks = (ledger.num_free - ledger.num_reserved() - self._promised
                   - (self.start_reserve if ledger.holding else 0))

@@ -75,6 +75,34 @@ def test_a_long_queue_behind_closed_admission_is_not_walked():
     assert consumed[0] <= 3 + 2, f"the walk visited {consumed[0]} jobs of 2,003"
 
 
+def test_new_jobs_whose_prefill_would_get_no_token_are_passed():
+    """A job ranked below 2,000 new jobs that all fit: the first one's prefill takes every
+    token of the budget, so the others would get none. They used to be walked one by one,
+    each taking a batch slot and promised blocks until the trim dropped it; now they are
+    passed (counted, not ranked), and the walk reaches the started job at once."""
+    config = SchedulerConfig(policy="srpt-oracle", kv_policy="defer", max_batch_size=64,
+                             max_batched_tokens=16)
+    core = GroupCore(config, 4096, BS, 4096 * BS)
+    core.add(make_job(0, prompt_len=4, max_tokens=1000), 0.0)  # long: ranked last
+    plan = core.schedule(0.0)
+    core.update(plan.step_id, StepResult([TokenResult(0, 4, 7)], [], 0.01), 0.01)
+    for i in range(1, 2001):
+        core.add(make_job(i, prompt_len=20, max_tokens=5), 0.01)  # short: ranked first
+    walked = [0]
+    real_walk = core.policy.walk
+
+    def counting(now, skip):  # type: ignore[no-untyped-def]
+        for job in real_walk(now, skip):
+            walked[0] += 1
+            yield job
+
+    core.policy.walk = counting
+    plan = core.schedule(0.02)
+    # The started job decodes; the first new job's prefill takes the 15 tokens left.
+    assert [(c.job_id, c.num_tokens) for c in plan.commands] == [(1, 15), (0, 1)]
+    assert walked[0] <= 3, f"the walk handed out {walked[0]} of 2,001 jobs"
+
+
 @pytest.mark.parametrize(("seed", "swap_bytes_per_s", "gap_s"),
                          [(0, 1e6, 0.0), (2, 1e6, 0.01), (5, 1e6, 0.0), (15, 1e6, 0.01),
                           (25, 1e8, 0.01)])
