@@ -34,8 +34,7 @@ class Batcher:
         self.ledger = ledger
         self.kv_policy = kv_policy
         self.watermark_blocks = int(config.watermark * ledger.allocator.num_blocks)
-        # Free blocks a new job must leave when it starts (``_growth_reserve``), set per Step
-        # (the core's arrival probes read it too).
+        # Free blocks a new job must leave as it starts (``_growth_reserve``; the probes read it).
         self.start_reserve = self.watermark_blocks
 
     def form(self, step: StepContext, num_live: int, num_waiting: int,
@@ -90,13 +89,14 @@ class Batcher:
         # slot: such jobs used to fill the batch's slots and then compute nothing, while
         # decodable jobs behind them waited.
         self._promised, self._promises, self._sure, self._trimmed = 0, {}, set(), []
-        unfed = 0  # new jobs walked once the prefills before them took every token
-        # Once every started job is seen and prefills sure of their blocks (held, or promised
-        # to a new job) cover the token budget, the new jobs left would get no tokens (chunks
-        # are sized in walk order): the walk ends, so a long queue of new jobs costs nothing
-        # per iteration (FCFS walked it to the end: 0.1 ms per waiting job and iteration).
-        # Only a new job behind a prefill that then fails to fit could have had tokens: 7 of
-        # 28 policy pairs changed by under 1% on 500 overloaded requests, the MLFQs by none.
+        # Once prefills sure of their blocks (held, or promised to a new job) cover the token
+        # budget, a new job walked after them gets no token (chunks are sized in walk order):
+        # it takes no slot, promise or room (``unfed``, counted as passed), and once every
+        # started job is seen the walk ends, so a long queue costs nothing per iteration (FCFS
+        # walked it to the end: 0.1 ms per waiting job and iteration). Only a new job behind a
+        # prefill that then fails to fit could have had tokens (9 of 28 refactor-check runs
+        # moved, mean JCT within 0.8%; docs/refactor-check/issue12-unfed-prefill-changes.txt).
+        unfed = 0
         skip = (WalkSkip(ledger.claimants()) if policy.passes_new_jobs and not strict
                 else None)
         walk = iter(policy.walk(now, skip))
@@ -118,9 +118,7 @@ class Batcher:
                 covered = self._sure and self._covers(prefills, budget)
                 if started_seen == num_started and num_waiting_single == 0 and covered:
                     break
-                if covered and len(job.prompt) > 1:
-                    # Its prefill would get no token (chunks are sized in walk order): it
-                    # takes no slot, holds no promised blocks and displaces nothing.
+                if covered and len(job.prompt) > 1:  # one-token prompts join as decodes
                     unfed += 1
                     continue
                 if admission_closed:  # a new job behind one that waits: it waits too
@@ -141,14 +139,13 @@ class Batcher:
                     continue  # offloaded by this very plan: back once the result confirms it
                 n = 1 if job.num_pending == 1 else min(job.num_pending, budget)
                 need = blocks_for(kv.num_computed + n, bs)
-                # Reactive swapping makes room here, on the critical path; the proactive
-                # planner makes its exchanges ahead of time, by ENST, and only fills free
-                # blocks here. Blocks promised to new jobs walked before this one are theirs:
-                # an upload that took them (it used to) left a higher-priority new job short,
-                # which then displaced the upload, which came back in the next Step, for ever
-                # (seen on a two-stage group; test_batcher.py). While there are such promises
-                # the upload waits, and makes no room either: it would displace paused jobs
-                # for blocks it may not take (measured: 2.8x the swaps).
+                # Reactive swapping makes room here, on the critical path; the proactive planner
+                # exchanges ahead of time, by ENST, and only fills free blocks here. Blocks
+                # promised to new jobs walked before this one are theirs: an upload that took
+                # them left a higher-priority new job short, which displaced the upload, which
+                # came back next Step, for ever (a two-stage group; test_batcher.py). While there
+                # are promises the upload waits and makes no room (it would displace paused jobs
+                # for blocks it may not take: 2.8x the swaps).
                 if (need > ledger.num_free and space is not None and not kvp.plans_ahead
                         and not self._promised):
                     space.make(job, need - ledger.num_free, ())
@@ -189,11 +186,10 @@ class Batcher:
                         claimed += short
                         work = policy.remaining_work(job) if ratio > 0 else None
                         if work is not None:
-                            # Now, before the walk reaches the started jobs below it: once
-                            # batched they are no victims, and under load nearly every job
-                            # holding blocks is (displacement after the walk freed blocks
-                            # in 32 of 14,820 tries, and prompts over 2,000 tokens waited
-                            # longer for a first token with a store than without).
+                            # Now, before the walk batches the started jobs below it (then
+                            # no victims; under load nearly all are: displacing after the
+                            # walk freed blocks in 32 of 14,820 tries, and prompts over 2,000
+                            # tokens waited longer for a first token with a store than without).
                             space.make(job, short, (), ratio * max(work, 1.0))
                         prefills.append(job)
                 continue
@@ -232,10 +228,9 @@ class Batcher:
                 self._add(job, n, step)
                 chosen.add(job.job_id)
                 budget -= n
-        # The trim counted every prefill's tokens, but a new job that must displace paused
-        # jobs may get no room (its victims can end up in the batch): the prefills dropped
-        # behind it take the tokens and slots it left, in walk order. Without this, Step after
-        # Step computed no prompt token at all (seen under `predictive` with a store: five
+        # A new job that must displace paused jobs may get no room (its victims can end up in
+        # the batch): the prefills the trim dropped behind it take its tokens and slots, in walk
+        # order. Without this, Steps computed no prompt token (`predictive` with a store: five
         # starving new jobs short of room, five started jobs mid-prefill dropped behind them).
         for job in self._trimmed:
             if budget <= 0 or len(commands) >= max_batch:
@@ -246,8 +241,7 @@ class Batcher:
                 chosen.add(job.job_id)
                 budget -= n
         step.passed = (skip.passed if skip is not None else 0) + unfed
-        # Priority order (for the policy's head return).
-        plan.commands = sorted(commands, key=lambda c: rank[c.job_id])
+        plan.commands = sorted(commands, key=lambda c: rank[c.job_id])  # priority order
         if not plan.commands:
             self._make_room(policy.order(now), budget, step)
         else:
@@ -260,13 +254,10 @@ class Batcher:
         claim room by displacement where the walk stands (``WalkSkip``): ``_fit`` and the
         displacement branch of ``form``, solved for the job's need. ``NEVER`` where the next
         job's visit could end the walk (the checks at the top of ``form``'s loop); ``ALWAYS``
-        (every new job but a one-token prompt passes) once the prefills walked take every
-        token left, where ``form`` would skip such a job anyway."""
+        (pass every new job but a one-token prompt) once prefills cover the budget (``unfed``)."""
         if budget <= 0:
             return NEVER
         if self._sure and self._covers(prefills, budget):
-            # No new job's prefill can get a token: pass them all (one-token prompts join as
-            # decodes and are never passed); at the end of the walk, end it.
             return NEVER if all_started_seen else ALWAYS
         ledger = self.ledger
         blocks = (ledger.num_free - ledger.num_reserved() - self._promised
