@@ -13,7 +13,8 @@ about 2x faster than sgemm at every row count (MKL takes a slow path there); on 
 sgemm was fastest at 1-2 rows, the tiled kernel at 4-8 (25 ms against oneDNN's 32 ms and
 sgemm's 34 ms at 8 rows), and oneDNN and sgemm tied from 32 rows. So ``auto`` (the default)
 times every kernel on the model's own weights when it first loads on a machine
-(``pick_kernel``; the plan is cached by shapes, dtype, processor and torch version) and gives
+(``pick_kernel``; the plan is cached by shapes, dtype, processor and torch version, unless
+other processes took the cores meanwhile) and gives
 each band of row counts its fastest kernel, keeping at most two layouts (so at most twice the
 weight memory). Off the CPU it is always ``F.linear``.
 """
@@ -31,6 +32,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from fastserve.cpu_load import OtherWork
 from worker_svc.model import native
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,14 @@ TUNE_ROWS = (1, 2, 4, 8, 16, 32, 128)
 TUNE_REPEATS = 3
 # A plan with a second layout must beat the best single layout by this share, per row count.
 SECOND_LAYOUT_GAIN = 0.02
+# A plan timed while other processes took more than this share of this process's cores is
+# used but not cached: a contended timing favours the kernels that do not wait at barriers
+# (fastserve/cpu_load.py), and a cached plan is kept for good.
+CONTENDED_SHARE = 0.2
+# In every plan's cache key: 2 since plans timed beside other work stopped being cached (one
+# such plan, all sgemm, had kept the default model's decodes 2.4x slower), so that plans
+# cached before are timed again.
+PLAN_VERSION = 2
 
 
 def onednn_usable(weight: torch.Tensor) -> bool:
@@ -158,8 +168,15 @@ def pick_kernel(linears: Sequence[Linear], kernel: str = "auto") -> str:
     cache = _plan_path(linears, candidates)
     plan = _load_plan(cache)
     if plan is None:
+        watch = OtherWork()
         plan = _time_plan(linears, candidates)
-        _save_plan(cache, plan)
+        busy = watch.share()
+        if busy is not None and busy > CONTENDED_SHARE:
+            log.warning("linear kernels timed while other processes took %.0f%% of this "
+                        "process's cores: plan %s used now, not cached (timed again at the "
+                        "next start)", 100 * busy, plan)
+        else:
+            _save_plan(cache, plan)
     for lin in linears:
         lin.use_plan(plan)
     return linears[0].kernel
@@ -191,7 +208,8 @@ def _plan_path(linears: Sequence[Linear], candidates: Sequence[str]) -> pathlib.
     from fastserve.models import cache_dir
 
     ident = json.dumps([[lin.out_features, lin.in_features] for lin in linears]
-                       + [str(linears[0].dtype), torch.__version__, list(candidates),
+                       + [PLAN_VERSION, str(linears[0].dtype), torch.__version__,
+                          list(candidates),
                           native.cpu_id(), TUNE_ROWS,
                           native.build_key() if "tiled" in candidates else ""])
     key = hashlib.sha256(ident.encode()).hexdigest()[:16]
