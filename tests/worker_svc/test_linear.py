@@ -140,3 +140,23 @@ def test_a_plan_timed_beside_other_work_is_used_but_not_cached(tmp_path, monkeyp
     pick_kernel([Linear(w, b) for w, b, _ in cases], "auto")
     assert len(timed) == 2 * first
     assert list(tmp_path.glob("kernels/linear-plan-*.json"))
+
+
+def test_a_burst_of_other_work_in_one_kernels_turn_alone_stops_the_cache(tmp_path, monkeypatch):
+    from worker_svc.model import linear
+
+    monkeypatch.setenv("FASTSERVE_CACHE_DIR", str(tmp_path))
+    w, b, _ = _case()
+    kernels = usable_kernels(w)
+    if len(kernels) == 1:
+        pytest.skip("one kernel here: nothing is timed")
+    shares = [0.0] * (len(kernels) - 1) + [0.5]  # quiet but for the last kernel's turn
+
+    class Burst(_Others):
+        def __init__(self):
+            self.share_taken = shares.pop(0)
+
+    monkeypatch.setattr(linear, "OtherWork", Burst)
+    pick_kernel([Linear(w, b)], "auto")
+    assert not shares  # one measurement per kernel
+    assert not list(tmp_path.glob("kernels/linear-plan-*.json"))

@@ -168,9 +168,7 @@ def pick_kernel(linears: Sequence[Linear], kernel: str = "auto") -> str:
     cache = _plan_path(linears, candidates)
     plan = _load_plan(cache)
     if plan is None:
-        watch = OtherWork()
-        plan = _time_plan(linears, candidates)
-        busy = watch.share()
+        plan, busy = _time_plan(linears, candidates)
         if busy is not None and busy > CONTENDED_SHARE:
             log.warning("linear kernels timed while other processes took %.0f%% of this "
                         "process's cores: plan %s used now, not cached (timed again at the "
@@ -182,8 +180,19 @@ def pick_kernel(linears: Sequence[Linear], kernel: str = "auto") -> str:
     return linears[0].kernel
 
 
-def _time_plan(linears: Sequence[Linear], candidates: Sequence[str]) -> list[tuple[int, str]]:
-    times = {k: _time_all(linears, k) for k in candidates}
+def _time_plan(linears: Sequence[Linear],
+               candidates: Sequence[str]) -> tuple[list[tuple[int, str]], float | None]:
+    """The plan, and the largest share of the cores other processes took while one kernel
+    was timed (None: not measurable here). Kernels are timed one after another, so a burst of
+    other work during one kernel's turn alone would make it lose."""
+    times: dict[str, list[float]] = {}
+    busiest: float | None = None
+    for k in candidates:
+        watch = OtherWork()
+        times[k] = _time_all(linears, k)
+        share = watch.share()
+        if share is not None:
+            busiest = share if busiest is None else max(busiest, share)
     for lin in linears:
         lin.use("blas")
     best = [min(times[k][i] for k in candidates) for i in range(len(TUNE_ROWS))]
@@ -199,7 +208,7 @@ def _time_plan(linears: Sequence[Linear], candidates: Sequence[str]) -> list[tup
     plan = [(rows, min(chosen, key=lambda k: times[k][i])) for i, rows in enumerate(TUNE_ROWS)]
     log.info("linear time (ms) per kernel at %s rows: %s", "/".join(map(str, TUNE_ROWS)),
              "; ".join(f"{k} " + "/".join(f"{t * 1e3:.1f}" for t in times[k]) for k in times))
-    return plan
+    return plan, busiest
 
 
 def _plan_path(linears: Sequence[Linear], candidates: Sequence[str]) -> pathlib.Path:
