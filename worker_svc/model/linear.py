@@ -13,8 +13,8 @@ about 2x faster than sgemm at every row count (MKL takes a slow path there); on 
 sgemm was fastest at 1-2 rows, the tiled kernel at 4-8 (25 ms against oneDNN's 32 ms and
 sgemm's 34 ms at 8 rows), and oneDNN and sgemm tied from 32 rows. So ``auto`` (the default)
 times every kernel on the model's own weights when it first loads on a machine
-(``pick_kernel``; the plan is cached by shapes, dtype, processor and torch version, unless
-other processes took the cores meanwhile) and gives
+(``pick_kernel``; the plan is cached by shapes, dtype, processor and torch version, and timed
+again at the next start if other processes took the cores meanwhile) and gives
 each band of row counts its fastest kernel, keeping at most two layouts (so at most twice the
 weight memory). Off the CPU it is always ``F.linear``.
 """
@@ -43,13 +43,15 @@ TUNE_ROWS = (1, 2, 4, 8, 16, 32, 128)
 TUNE_REPEATS = 3
 # A plan with a second layout must beat the best single layout by this share, per row count.
 SECOND_LAYOUT_GAIN = 0.02
-# A plan timed while other processes took more than this share of this process's cores is
-# used but not cached: a contended timing favours the kernels that do not wait at barriers
-# (fastserve/cpu_load.py), and a cached plan is kept for good.
+# A plan timed while other processes took more than this share of this process's cores (in
+# any kernel's turn) is timed again at the next start: a burst of other work in one kernel's
+# turn makes it lose (fastserve/cpu_load.py), and a cached plan is kept for good. After this
+# many such timings in a row (ranks of a group that always load together), the last is kept.
 CONTENDED_SHARE = 0.2
-# In every plan's cache key: 2 since plans timed beside other work stopped being cached (one
-# such plan, all sgemm, had kept the default model's decodes 2.4x slower), so that plans
-# cached before are timed again.
+CONTENDED_TIMINGS = 3
+# In every plan's cache key: 2 since plans timed beside other work are timed again (one such
+# plan, with no tiled kernel, had kept the default model's decodes 2-2.5x slower), so that
+# plans cached before are timed again.
 PLAN_VERSION = 2
 
 
@@ -166,15 +168,19 @@ def pick_kernel(linears: Sequence[Linear], kernel: str = "auto") -> str:
     if len(candidates) == 1:
         return pick_kernel(linears, "blas")
     cache = _plan_path(linears, candidates)
-    plan = _load_plan(cache)
-    if plan is None:
+    plan, contended = _load_plan(cache)
+    if plan is None or contended:
         plan, busy = _time_plan(linears, candidates)
         if busy is not None and busy > CONTENDED_SHARE:
+            contended += 1
+            final = contended >= CONTENDED_TIMINGS
             log.warning("linear kernels timed while other processes took %.0f%% of this "
-                        "process's cores: plan %s used now, not cached (timed again at the "
-                        "next start)", 100 * busy, plan)
+                        "process's cores (%d such timing(s) in a row): plan %s %s", 100 * busy,
+                        contended, plan, "kept from now on" if final
+                        else "used now and timed again at the next start")
+            _save_plan(cache, plan, 0 if final else contended)
         else:
-            _save_plan(cache, plan)
+            _save_plan(cache, plan, 0)
     for lin in linears:
         lin.use_plan(plan)
     return linears[0].kernel
@@ -184,13 +190,18 @@ def _time_plan(linears: Sequence[Linear],
                candidates: Sequence[str]) -> tuple[list[tuple[int, str]], float | None]:
     """The plan, and the largest share of the cores other processes took while one kernel
     was timed (None: not measurable here). Kernels are timed one after another, so a burst of
-    other work during one kernel's turn alone would make it lose."""
+    other work during one kernel's turn alone would make it lose: a turn that other work
+    took more than ``CONTENDED_SHARE`` of is timed once more (a process starting beside this
+    one, as a worker's scheduler does, is busy for a few seconds)."""
     times: dict[str, list[float]] = {}
     busiest: float | None = None
     for k in candidates:
-        watch = OtherWork()
-        times[k] = _time_all(linears, k)
-        share = watch.share()
+        for _ in range(2):
+            watch = OtherWork()
+            times[k] = _time_all(linears, k)
+            share = watch.share()
+            if share is None or share <= CONTENDED_SHARE:
+                break
         if share is not None:
             busiest = share if busiest is None else max(busiest, share)
     for lin in linears:
@@ -225,19 +236,25 @@ def _plan_path(linears: Sequence[Linear], candidates: Sequence[str]) -> pathlib.
     return cache_dir() / "kernels" / f"linear-plan-{key}.json"
 
 
-def _load_plan(path: pathlib.Path) -> list[tuple[int, str]] | None:
+def _load_plan(path: pathlib.Path) -> tuple[list[tuple[int, str]] | None, int]:
+    """The cached plan (None: none usable) and how many timings in a row beside other work
+    gave it (0: kept for good)."""
     try:
-        plan = [(int(r), str(k)) for r, k in json.loads(path.read_text())]
-    except (OSError, ValueError, TypeError):
-        return None
-    return plan if plan and all(k in KERNELS[1:] for _, k in plan) else None
+        saved = json.loads(path.read_text())
+        plan = [(int(r), str(k)) for r, k in saved["plan"]]
+        contended = int(saved["contended"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return None, 0
+    if not plan or not all(k in KERNELS[1:] for _, k in plan):
+        return None, 0
+    return plan, max(contended, 0)
 
 
-def _save_plan(path: pathlib.Path, plan: list[tuple[int, str]]) -> None:
+def _save_plan(path: pathlib.Path, plan: list[tuple[int, str]], contended: int) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(plan))
+        tmp.write_text(json.dumps({"plan": plan, "contended": contended}))
         os.replace(tmp, path)
     except OSError as e:
         log.warning("cannot cache the linear plan at %s: %s", path, e)
