@@ -3,8 +3,9 @@
 A measurement that decides something for good (the linear kernels' plan, cached per machine)
 must not be taken while another process shares the cores: the native decode kernel's threads
 meet at a barrier, so a core taken away slows it several times more than it slows sgemm, and
-a plan timed beside a test suite kept the default model's decodes on sgemm at 2.4x the time
-per token on a quiet machine (docs/benchmarks.md, "A linear plan timed beside other work").
+a plan timed beside other work, with no tiled kernel, kept the default model's decodes at
+2-2.5x their time on a quiet machine (docs/benchmarks.md, "A linear plan timed beside other
+work").
 Linux's ``/proc/stat`` counts every core's busy time, ``time.process_time`` this process's
 own: the difference, over the cores this process may run on, is everyone else's (the
 hypervisor's steal included).
