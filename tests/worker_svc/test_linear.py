@@ -176,3 +176,8 @@ def test_a_burst_of_other_work_in_one_kernels_turn_alone_counts(tmp_path, monkey
         (path,) = tmp_path.glob("kernels/linear-plan-*.json")
         assert linear._load_plan(path)[1] == contended  # 1: to be timed again
         path.unlink()
+    # Steady contention (a group's ranks loading together): the first turn is timed twice,
+    # the others once.
+    shares[:] = [0.5] * (len(kernels) + 1)
+    pick_kernel([Linear(w, b)], "auto")
+    assert not shares
