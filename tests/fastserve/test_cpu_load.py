@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -21,7 +22,7 @@ intr 12345
 def test_busy_time_sums_the_cores_asked_for_with_steal_and_without_idle(tmp_path):
     stat = tmp_path / "stat"
     stat.write_text(STAT)
-    hz = __import__("os").sysconf("SC_CLK_TCK")
+    hz = os.sysconf("SC_CLK_TCK")
     # cpu0: user 100 + nice 10 + system 200 + irq 5 + softirq 5 + steal 30 (guest 70 is in
     # user already); cpu1: 300 + 100 + 60
     assert busy_seconds({0}, stat) == pytest.approx(350 / hz)
@@ -47,7 +48,7 @@ def test_another_process_on_the_cores_counts_and_this_one_does_not():
     child.wait(timeout=30)
     beside = other.share()
     assert alone is not None and beside is not None
-    # One busy core of this process's n: 1/n of their time (n = 2 in CI), others' noise aside.
-    n = len(other.cpus)
-    assert alone < 0.5 / n
-    assert beside > 0.6 / n
+    # The child keeps one of this process's n cores busy: 1/n of their time more than the
+    # machine's background (n = 2 in CI). Counting this process's own work would put the
+    # same 1/n into ``alone`` and leave no difference.
+    assert beside - alone > 0.5 / len(other.cpus)
