@@ -1,7 +1,9 @@
 """How often a Step ends with tokens and batch slots left although, during its walk,
 prefills sure of their blocks covered the token budget (so new jobs walked after them were
 passed as unfed), with jobs waiting: an upper bound on the Steps where a passed job could
-have had tokens. Interpreted (it wraps ``Batcher``); arguments as for ``fastserve sim``:
+have had tokens; and in those Steps, how many of the prefills sure of their blocks when the
+budget was first covered are in the plan, and the uploads it carries. Interpreted (it wraps
+``Batcher``); arguments as for ``fastserve sim``:
 
     FASTSERVE_COMPILED=0 python docs/bench-sim-queue/unfed_check.py sim --trace T.csv ...
 """
@@ -19,26 +21,33 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 def main() -> None:
     from scheduler_svc.core import batcher
 
-    stats = {"steps": 0, "covered": 0, "left": 0, "left_tokens": 0}
+    stats = {"steps": 0, "covered": 0, "left": 0, "left_tokens": 0, "sure_in_plan": 0,
+             "sure_not_in_plan": 0, "uploads": 0}
     covers, form = batcher.Batcher._covers, batcher.Batcher.form
-    seen: list[bool] = [False]
+    sure_at_cover: list[list[int]] = []
 
     def watched_covers(self, prefills, budget):
         covered = covers(self, prefills, budget)
-        seen[0] = seen[0] or covered
+        if covered and not sure_at_cover:
+            sure_at_cover.append([j.job_id for j in prefills if j.job_id in self._sure])
         return covered
 
     def watched_form(self, step, num_live, num_waiting, num_waiting_single=0):
-        seen[0] = False
+        sure_at_cover.clear()
         form(self, step, num_live, num_waiting, num_waiting_single)
         stats["steps"] += 1
-        if seen[0]:
+        if sure_at_cover:
             stats["covered"] += 1
-            left = self.config.max_batched_tokens - step.plan.num_batched_tokens
-            slots = (step.max_batch or self.config.max_batch_size) - len(step.plan.commands)
+            plan = step.plan
+            left = self.config.max_batched_tokens - plan.num_batched_tokens
+            slots = (step.max_batch or self.config.max_batch_size) - len(plan.commands)
             if left > 0 and slots > 0 and num_waiting > 0:
                 stats["left"] += 1
                 stats["left_tokens"] += left
+                in_plan = {c.job_id for c in plan.commands}
+                for jid in sure_at_cover[0]:
+                    stats["sure_in_plan" if jid in in_plan else "sure_not_in_plan"] += 1
+                stats["uploads"] += len(plan.swap_in)
 
     batcher.Batcher._covers = watched_covers
     batcher.Batcher.form = watched_form
