@@ -2,7 +2,8 @@
 prefills sure of their blocks covered the token budget (so new jobs walked after them were
 passed as unfed), with jobs waiting: an upper bound on the Steps where a passed job could
 have had tokens; and in those Steps, how many of the prefills sure of their blocks when the
-budget was first covered are in the plan, and the uploads it carries. Interpreted (it wraps
+budget was first covered are in the plan (or were dropped by the trim, or were left out when
+chunks were sized), the uploads, commands and free blocks after. Interpreted (it wraps
 ``Batcher``); arguments as for ``fastserve sim``:
 
     FASTSERVE_COMPILED=0 python docs/bench-sim-queue/unfed_check.py sim --trace T.csv ...
@@ -22,7 +23,8 @@ def main() -> None:
     from scheduler_svc.core import batcher
 
     stats = {"steps": 0, "covered": 0, "left": 0, "left_tokens": 0, "sure_in_plan": 0,
-             "sure_not_in_plan": 0, "uploads": 0}
+             "sure_trimmed_not_in_plan": 0, "sure_sized_not_in_plan": 0, "uploads": 0,
+             "commands": 0, "free_blocks_after": 0}
     covers, form = batcher.Batcher._covers, batcher.Batcher.form
     sure_at_cover: list[list[int]] = []
 
@@ -45,9 +47,14 @@ def main() -> None:
                 stats["left"] += 1
                 stats["left_tokens"] += left
                 in_plan = {c.job_id for c in plan.commands}
+                trimmed = {j.job_id for j in self._trimmed}
                 for jid in sure_at_cover[0]:
-                    stats["sure_in_plan" if jid in in_plan else "sure_not_in_plan"] += 1
+                    stats["sure_in_plan" if jid in in_plan
+                          else "sure_trimmed_not_in_plan" if jid in trimmed
+                          else "sure_sized_not_in_plan"] += 1
                 stats["uploads"] += len(plan.swap_in)
+                stats["commands"] += len(plan.commands)
+                stats["free_blocks_after"] += self.ledger.num_free
 
     batcher.Batcher._covers = watched_covers
     batcher.Batcher.form = watched_form
