@@ -17,6 +17,8 @@ import os
 import pathlib
 import time
 
+from fastserve.cpus import allowed_cpus
+
 STAT = pathlib.Path("/proc/stat")
 
 
@@ -49,7 +51,7 @@ class OtherWork:
     then that went to other processes (0 to 1), or None where it cannot be measured."""
 
     def __init__(self) -> None:
-        self.cpus = set(os.sched_getaffinity(0))
+        self.cpus = set(allowed_cpus())
         self._wall = time.monotonic()
         self._own = time.process_time()
         self._busy = busy_seconds(self.cpus)

@@ -173,14 +173,13 @@ def pick_kernel(linears: Sequence[Linear], kernel: str = "auto") -> str:
         plan, busy = _time_plan(linears, candidates)
         if busy is not None and busy > CONTENDED_SHARE:
             contended += 1
-            final = contended >= CONTENDED_TIMINGS
             log.warning("linear kernels timed while other processes took %.0f%% of this "
                         "process's cores (%d such timing(s) in a row): plan %s %s", 100 * busy,
-                        contended, plan, "kept from now on" if final
+                        contended, plan, "kept from now on" if contended >= CONTENDED_TIMINGS
                         else "used now and timed again at the next start")
-            _save_plan(cache, plan, 0 if final else contended)
         else:
-            _save_plan(cache, plan, 0)
+            contended = 0
+        _save_plan(cache, plan, contended if contended < CONTENDED_TIMINGS else 0)
     for lin in linears:
         lin.use_plan(plan)
     return linears[0].kernel
@@ -234,8 +233,7 @@ def _plan_path(linears: Sequence[Linear], candidates: Sequence[str]) -> pathlib.
 
     ident = json.dumps([[lin.out_features, lin.in_features] for lin in linears]
                        + [PLAN_VERSION, str(linears[0].dtype), torch.__version__,
-                          list(candidates),
-                          native.cpu_id(), TUNE_ROWS,
+                          list(candidates), native.cpu_id(), TUNE_ROWS,
                           native.build_key() if "tiled" in candidates else ""])
     key = hashlib.sha256(ident.encode()).hexdigest()[:16]
     return cache_dir() / "kernels" / f"linear-plan-{key}.json"
