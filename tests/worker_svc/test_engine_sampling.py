@@ -133,6 +133,24 @@ def test_the_nucleus_is_what_a_whole_vocabulary_sort_keeps(params):
         assert expect[tok] > 0
 
 
+@pytest.mark.parametrize("top_p", [0.5, 0.9, 0.99])
+def test_the_top_p_candidates_hold_the_nucleus(top_p):
+    """Tokens under (1 - top_p) / vocabulary weigh less than 1 - top_p together, so the few
+    tokens above it (all that is sorted) reach top_p: the whole row is never needed."""
+    from worker_svc.sampler import _candidates
+
+    g = torch.Generator().manual_seed(1)
+    sizes = []
+    for scale in (0.5, 1.0, 4.0, 12.0):
+        for temperature in (0.2, 1.0, 2.0):
+            full = torch.softmax(torch.randn(49152, generator=g) * scale / temperature, dim=-1)
+            ids, probs = _candidates(full, top_p)
+            assert probs.sum(dtype="float64") >= top_p
+            assert (full[torch.from_numpy(ids)] == torch.from_numpy(probs)).all()
+            sizes.append(len(ids))
+    assert min(sizes) < 100  # peaked rows: a handful of candidates, not the vocabulary
+
+
 def test_a_row_that_cannot_be_sampled_fails_its_job_alone(engine, monkeypatch):
     """Whatever makes one job's numbers unusable, its batch mates get their tokens."""
     import worker_svc.sampler as sampler
@@ -166,9 +184,11 @@ def test_a_row_that_cannot_be_sampled_fails_its_job_alone(engine, monkeypatch):
     assert engine.pool.num_used_blocks == 0
 
 
-def test_the_sampler_reports_a_row_without_finite_mass_and_samples_the_rest():
+@pytest.mark.parametrize("top_p, top_k", [(1.0, 0), (0.9, 0), (0.9, 2)])
+def test_the_sampler_reports_a_row_without_finite_mass_and_samples_the_rest(top_p, top_k):
     logits = torch.tensor([[float("nan")] * 4, [0.0, 5.0, 0.0, 0.0]])
-    params = [SamplingParams(temperature=1.0, seed=1), SamplingParams(temperature=0.1, seed=1)]
+    params = [SamplingParams(temperature=1.0, top_p=top_p, top_k=top_k, seed=1),
+              SamplingParams(temperature=0.1, top_p=top_p, top_k=top_k, seed=1)]
     tokens, _, failed = sample(logits, params, [0, 0], [0, 0])
     assert list(failed) == [0] and "not finite" in failed[0]
     assert tokens[1] == 1
