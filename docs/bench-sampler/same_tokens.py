@@ -17,9 +17,25 @@ import pathlib
 import subprocess
 import sys
 import tempfile
+from types import ModuleType
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+
+
+def load_ref(commit: str) -> ModuleType:
+    """``worker_svc/sampler.py`` as it was at ``commit``, as a module of its own."""
+    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:worker_svc/sampler.py"],
+                         capture_output=True, text=True, check=True).stdout
+    with tempfile.TemporaryDirectory() as tmp:
+        path = pathlib.Path(tmp) / "sampler_ref.py"
+        path.write_text(src)
+        spec = importlib.util.spec_from_file_location("sampler_ref", path)
+        assert spec and spec.loader
+        ref = importlib.util.module_from_spec(spec)
+        sys.modules["sampler_ref"] = ref  # its dataclasses look their module up
+        spec.loader.exec_module(ref)
+    return ref
 
 
 def main() -> int:
@@ -38,17 +54,7 @@ def main() -> int:
     p.add_argument("--file", default=str(ROOT / "docs/bench-predictive/heldout.jsonl"))
     args = p.parse_args()
 
-    old_src = subprocess.run(["git", "-C", str(ROOT), "show", f"{args.ref}:worker_svc/sampler.py"],
-                             capture_output=True, text=True, check=True).stdout
-    with tempfile.TemporaryDirectory() as tmp:
-        path = pathlib.Path(tmp) / "sampler_ref.py"
-        path.write_text(old_src)
-        spec = importlib.util.spec_from_file_location("sampler_ref", path)
-        assert spec and spec.loader
-        ref = importlib.util.module_from_spec(spec)
-        sys.modules["sampler_ref"] = ref
-        spec.loader.exec_module(ref)
-
+    ref = load_ref(args.ref)
     model = "SmolLM2-135M-Instruct"
     tok = AutoTokenizer.from_pretrained(str(resolve_model(model)))
     lines = pathlib.Path(args.file).read_text().splitlines()[:args.prompts]
