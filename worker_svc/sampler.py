@@ -77,10 +77,8 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], steps: list[int],
         for i in held:
             logits[i, list(params[i].suppress)] = float("-inf")
     sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
-    # The argmax of 8 rows of 49k took 0.17 ms: none when every row is sampled (a failed
-    # row's token is never used).
-    tokens = ([0] * len(params) if len(sampled_rows) == len(params)
-              else torch.argmax(logits, dim=-1).tolist())
+    # None when every row is sampled (a failed row's token is never used).
+    tokens = [0] * len(params) if len(sampled_rows) == len(params) else _argmax(logits)
     for i in sampled_rows:
         p = params[i]
         seed = p.seed if p.seed is not None else default_seeds[i]
@@ -94,6 +92,14 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], steps: list[int],
     rows = torch.tensor(tokens, device=logits.device).view(-1, 1)
     picked = logprobs_all.gather(1, rows).view(-1).tolist()
     return tokens, picked, failed
+
+
+def _argmax(logits: torch.Tensor) -> list[int]:
+    """Each row's first highest logit. On the host NumPy's argmax: ``torch.argmax`` took
+    0.17 ms over 8 rows of 49k, NumPy's 0.03 ms (the same index, NaN first as in torch)."""
+    if logits.device.type == "cpu":
+        return np.argmax(logits.numpy(), axis=-1).tolist()
+    return torch.argmax(logits, dim=-1).tolist()
 
 
 def _sample_row(row: torch.Tensor, p: SamplingParams, gen: torch.Generator) -> int:

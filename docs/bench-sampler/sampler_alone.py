@@ -1,7 +1,7 @@
 """The sampler alone, as it is against the sampler as it was at ``--ref`` (a git commit):
-``sample()`` on b rows of 49,152 synthetic logits (a few peaked tokens over noise), every row
-at top-p 0.9 with temperature 0.2 or 1.0, alternated twice; ms per call, and whether the two
-drew the same tokens:
+``sample()`` on b rows of 49,152 synthetic logits (a few peaked tokens over noise), every
+row greedy, or at top-p 0.9 with temperature 0.2 or 1.0, alternated twice; ms per call, and
+whether the two drew the same tokens:
 
     python docs/bench-sampler/sampler_alone.py --ref fe14102
 """
@@ -33,13 +33,13 @@ def main() -> int:
     for b in (1, 8):
         logits = torch.randn(b, 49152) * 3
         logits[:, :5] += 25
-        for temperature in (0.2, 1.0):
+        for temperature in (0.0, 0.2, 1.0):
             times: dict[str, list[float]] = {"now": [], args.ref: []}
             drawn = {}
             for _ in range(2):
                 for name, mod in (("now", sampler), (args.ref, ref)):
                     params = [mod.SamplingParams(temperature=temperature, top_p=0.9, seed=i)
-                              for i in range(b)]
+                              for i in range(b)]  # temperature 0: greedy
                     drawn[name] = mod.sample(logits, params, [3] * b, list(range(b)))[0]
                     t0 = time.perf_counter()
                     for _ in range(args.calls):

@@ -151,6 +151,17 @@ def test_the_top_p_candidates_hold_the_nucleus(top_p):
     assert min(sizes) < 100  # peaked rows: a handful of candidates, not the vocabulary
 
 
+def test_greedy_picks_the_first_highest_logit_as_torch_does():
+    """Ties go to the lowest id and a NaN wins, as with ``torch.argmax`` (greedy parity)."""
+    g = torch.Generator().manual_seed(3)
+    for i in range(100):
+        logits = torch.randint(-3, 3, (5, 300), generator=g).float()  # many ties
+        if i % 5 == 0:
+            logits[1, 17] = logits[1, 40] = float("nan")
+        tokens, _, _ = sample(logits, [SamplingParams()] * 5, [0] * 5, [0] * 5)
+        assert tokens == torch.argmax(logits, dim=-1).tolist()
+
+
 def test_a_row_that_cannot_be_sampled_fails_its_job_alone(engine, monkeypatch):
     """Whatever makes one job's numbers unusable, its batch mates get their tokens."""
     import worker_svc.sampler as sampler
