@@ -33,6 +33,7 @@ def alternate(variants: dict[str, tuple[Any, Callable[[], None]]], sizes: list[i
     from worker_svc.sampler import SamplingParams
 
     engines = list({id(e): e for e, _ in variants.values()}.values())
+    prompt = [100 + (i % 1000) for i in range(context)]
     for b in sizes:
         for mode in ("greedy", "top-p"):
             jobs = list(range(b))
@@ -40,7 +41,7 @@ def alternate(variants: dict[str, tuple[Any, Callable[[], None]]], sizes: list[i
                       else SamplingParams(temperature=0.2, top_p=0.9, seed=j) for j in jobs]
             for engine in engines:
                 engine.step(StepCommand(
-                    new_jobs=[NewJob(j, [100 + (i % 1000) for i in range(context)], params[j],
+                    new_jobs=[NewJob(j, prompt, params[j],
                                      list(range(j * per_job, (j + 1) * per_job)))
                               for j in jobs],
                     commands=[JobCommand(j, context) for j in jobs]))

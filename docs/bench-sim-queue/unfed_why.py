@@ -18,7 +18,10 @@ import pathlib
 import runpy
 import sys
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+
+from unfed_check import tokens_left, watch_cover
 
 
 def main() -> None:
@@ -26,18 +29,12 @@ def main() -> None:
     from scheduler_svc.core.kv.allocator import blocks_for
 
     cls = batcher.Batcher
-    covers, form, fit, trim = cls._covers, cls.form, cls._fit, cls._trim
-    cover: list[list[int]] = []  # the sure prefills when the budget was first covered
+    form, fit, trim = cls.form, cls._fit, cls._trim
+    cover = watch_cover(cls)  # the sure prefills when the budget was first covered
     fits: dict[int, list[dict]] = collections.defaultdict(list)
     trimmed: set[int] = set()
     reasons: collections.Counter[tuple] = collections.Counter()
     examples: list[str] = []
-
-    def watched_covers(self, prefills, budget):
-        covered = covers(self, prefills, budget)
-        if covered and not cover:
-            cover.append([j.job_id for j in prefills if j.job_id in self._sure])
-        return covered
 
     def watched_fit(self, job, n, *args, **kwargs):
         got = fit(self, job, n, *args, **kwargs)
@@ -62,9 +59,7 @@ def main() -> None:
         trimmed.clear()
         form(self, step, num_live, num_waiting, num_waiting_single)
         plan = step.plan
-        left = self.config.max_batched_tokens - plan.num_batched_tokens
-        slots = (step.max_batch or self.config.max_batch_size) - len(plan.commands)
-        if not cover or left <= 0 or slots <= 0 or num_waiting == 0:
+        if not cover or not tokens_left(self, step, num_waiting):
             return
         in_plan = {c.job_id for c in plan.commands}
         for jid in cover[0]:
@@ -92,8 +87,7 @@ def main() -> None:
                                 f"{last['reserve']}, promised to others "
                                 f"{last['others_promised']}; {len(plan.swap_in)} uploads")
 
-    cls._covers, cls.form, cls._fit, cls._trim = (watched_covers, watched_form, watched_fit,
-                                                  watched_trim)
+    cls.form, cls._fit, cls._trim = watched_form, watched_fit, watched_trim
 
     def report() -> None:
         print("covering prefills missing from the plan, by cause:", file=sys.stderr)
