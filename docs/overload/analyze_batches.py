@@ -2,10 +2,11 @@
 for every short batch (fewer jobs than the batch size while enough are live) why each
 device-resident job was left out (docs/benchmarks.md, issue 12).
 
-    python docs/overload/analyze_batches.py POLICY KV_POLICY NUM_REQUESTS RATE
+    python docs/overload/analyze_batches.py POLICY KV_POLICY NUM_REQUESTS RATE [TRACE]
 
-Azure conversation trace, OPT-13B/A100 cost model, batch 16, 4,096 blocks, 40,000 store
-blocks. Instruments GroupCore.schedule and Batcher.form from outside; changes nothing.
+The Azure conversation trace unless TRACE says otherwise; OPT-13B/A100 cost model, batch 16,
+4,096 blocks, 40,000 store blocks; every iteration planned (no fast-forward). Instruments
+GroupCore.schedule and Batcher.form from outside; changes nothing.
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ def main() -> None:
             stats["compute_s"] += OPT_13B_A100.iteration_time(decodes, prefill)
         return plan
 
-    def counted_form(self, step, num_live, num_waiting):
-        form(self, step, num_live, num_waiting)
+    def counted_form(self, step, num_live, *waiting):
+        form(self, step, num_live, *waiting)
         if len(step.plan.commands) >= BATCH or num_live < BATCH:
             return
         ledger, bs = self.ledger, self.ledger.block_size
@@ -73,11 +74,12 @@ def main() -> None:
 
     GroupCore.__init__, GroupCore.schedule, Batcher.form = (counted_init, counted_schedule,
                                                             counted_form)
-    reqs = load_trace(str(TRACE), rate=rate, num_requests=n, seed=0)
+    trace = sys.argv[5] if len(sys.argv) > 5 else str(TRACE)
+    reqs = load_trace(trace, rate=rate, num_requests=n, seed=0)
     config = SchedulerConfig(policy=policy, kv_policy=kv, max_batch_size=BATCH)
     start = time.time()
     s = simulate(reqs, config=config, cost_model=OPT_13B_A100, num_blocks=4096,
-                 store_blocks=40000, rate=rate).summary()
+                 store_blocks=40000, rate=rate, fast_forward=False).summary()
     print(f"{policy} + {kv}: {s['throughput_tokens_s']:.1f} tok/s, mean JCT "
           f"{s['mean_jct_s']:.1f} s, {s['num_swap_outs']} offloads, {s['num_recomputes']} "
           f"recomputes, swap wait {s['swap_wait_s']:.1f} s ({time.time() - start:.1f} s)")

@@ -87,10 +87,11 @@ class SchedulerConfig:
     kv_headroom_max: float = setting(
         0.25, "proactive KV policy: the headroom is at most this fraction of the pool")
     kv_recompute_budget: float = setting(
-        0.1, "recompute KV policy: new jobs may drop paused jobs' KV for their blocks only "
-        "while the tokens dropped so far are at most this fraction of the prompt tokens "
-        "prefilled so far (each dropped token is computed again); beyond it they wait for "
-        "free blocks, as under defer, so recomputation costs a bounded share of the device")
+        0.03, "recompute KV policy: new jobs may drop paused jobs' KV for their blocks only "
+        "while computing the dropped tokens again takes at most this fraction of the group's "
+        "compute time so far (by the cost model; without one, while the tokens dropped are at "
+        "most this fraction of the prompt tokens prefilled); beyond it they wait for free "
+        "blocks, as under defer, so recomputation costs a bounded share of the device")
     kv_growth_reserve: int = setting(
         3, "blocks per job holding KV on the device that a new job must leave free when it "
         "starts, under a policy whose arrivals preempt while paused jobs' KV has nowhere to go "

@@ -351,6 +351,7 @@ class GroupCore:
     def advanced(self, num_iterations: int, iteration_s: float) -> None:
         """``steady.advance()`` applied ``num_iterations`` iterations of the last plan."""
         self.num_iterations += num_iterations
+        self.kv.compute_s += num_iterations * iteration_s
         if iteration_s > 0:
             self._last_iteration_s = iteration_s
         self.repeatable_plan = None

@@ -538,3 +538,45 @@ def test_an_upload_still_copying_is_not_displaced_by_an_arrival():
                     core.add(make_job(jid, prompt_len=6, max_tokens=3), t + 0.01)
         t += 0.01
     assert core.kv.num_swap_ins > 1
+
+
+@pytest.mark.parametrize("priced", [True, False])
+def test_the_recompute_budget_counts_compute_time_with_a_cost_model(priced):
+    """With a cost model, new jobs may drop paused jobs' KV while computing the dropped tokens
+    again takes at most ``kv_recompute_budget`` of the compute time so far (their prefill less
+    an iteration's fixed cost); without one, while the tokens dropped are at most that fraction
+    of the prompt tokens prefilled."""
+    from scheduler_svc.core.contract import StepPlan
+    from scheduler_svc.core.job import Job
+    from scheduler_svc.core.kv.ledger import KVLedger
+    from scheduler_svc.core.kv.policies import make_kv_policy
+
+    ledger = KVLedger(64, BS, cost_model=LINEAR if priced else None)
+    kvp = make_kv_policy(SchedulerConfig(kv_policy="recompute", kv_recompute_budget=0.1), ledger)
+    job = Job(0, [1] * 100, 10, 0.0)
+    ledger.grow(job, 25)
+    job.kv.num_computed = 100
+    ledger.drop(job, StepPlan())
+    assert ledger.num_dropped_tokens == 100 and job.kv.num_computed == 0
+    if priced:  # LINEAR: prefill 10 ms + 1 ms a token; 100 tokens again take 99 ms
+        assert ledger.num_dropped_s == pytest.approx(0.099)
+        ledger.compute_s = 0.98  # 10% of it is 98 ms: spent
+        assert kvp.new_job_room(7, 0.01) == 0
+        ledger.compute_s = 1.0
+        assert kvp.new_job_room(7, 0.01) == 7
+    else:
+        assert ledger.num_dropped_s == 0.0
+        kvp._prefilled = 999  # type: ignore[attr-defined]
+        assert kvp.new_job_room(7, 0.01) == 0
+        kvp._prefilled = 1000  # type: ignore[attr-defined]
+        assert kvp.new_job_room(7, 0.01) == 7
+
+
+def test_the_ledger_counts_every_iteration_s_compute_time():
+    """The recompute budget's denominator: each result's compute time, and the iterations a
+    fast-forward applied at once (``GroupCore.advanced``)."""
+    core = make(kv_policy="recompute", num_blocks=32)
+    run_long_jobs(core, 32, 2, prompt_len=6, max_tokens=50, iterations=12)
+    assert core.kv.compute_s == pytest.approx(12 * 0.01)
+    core.advanced(5, 0.02)
+    assert core.kv.compute_s == pytest.approx(12 * 0.01 + 5 * 0.02)

@@ -65,6 +65,7 @@ class KVLedger:
         self.allocator = BlockAllocator(num_blocks, block_size)
         self.block_size = block_size
         self.copies = CopyEngine(cost_model, block_size)
+        self.cost_model = cost_model
         # Store accounting: capacity and blocks held there (uploads in flight included,
         # released when their Step's result confirms them).
         self.store_blocks = store_blocks
@@ -90,6 +91,10 @@ class KVLedger:
         self.num_swap_ins = 0
         self.num_recomputes = 0
         self.num_dropped_tokens = 0  # computed tokens whose KV was dropped, to compute again
+        # With a cost model: the time those tokens take to compute again (their prefill less
+        # an iteration's fixed cost), and the group's compute time so far (every iteration's).
+        self.num_dropped_s = 0.0
+        self.compute_s = 0.0
         self.num_kv_lost = 0
 
     # ---- per Step ---------------------------------------------------------------------------
@@ -267,6 +272,10 @@ class KVLedger:
     def drop(self, job: Job, plan: StepPlan) -> None:
         """Drop ``job``'s KV: it is computed again from its prompt and output later."""
         self.num_dropped_tokens += job.kv.num_computed
+        cm = self.cost_model
+        if cm is not None and job.kv.num_computed:
+            self.num_dropped_s += max(cm.prefill_time(job.kv.num_computed)
+                                      - cm.prefill_time(1), 0.0)
         self.release(job)
         self.unstore(job)
         job.kv.num_computed = 0
@@ -290,6 +299,7 @@ class KVLedger:
     def settle(self, plan: StepPlan, result: StepResult, now: float,
                jobs: Mapping[int, Job]) -> set[int]:
         """Confirm ``plan``'s swaps from its result; returns the refused swap-outs."""
+        self.compute_s += result.compute_time_s
         for s in plan.swap_in:  # uploads done (or failed: then the worker freed the handles)
             self.store_used -= s.stored
             self._uploading -= s.stored
