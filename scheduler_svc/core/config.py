@@ -87,7 +87,7 @@ class SchedulerConfig:
     kv_headroom_max: float = setting(
         0.25, "proactive KV policy: the headroom is at most this fraction of the pool")
     kv_recompute_budget: float = setting(
-        0.03, "recompute KV policy: new jobs may drop paused jobs' KV for their blocks only "
+        0.01, "recompute KV policy: new jobs may drop paused jobs' KV for their blocks only "
         "while computing the dropped tokens again takes at most this fraction of the group's "
         "compute time so far (by the cost model; without one, while the tokens dropped are at "
         "most this fraction of the prompt tokens prefilled); beyond it they wait for free "

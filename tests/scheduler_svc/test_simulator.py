@@ -375,11 +375,11 @@ def test_reactive_swapping_keeps_fcfs_throughput_with_long_contexts():
 @pytest.mark.skipif(not (SHARED_TRACES / "AzureLLMInferenceTrace_code.csv").is_file(),
                     reason="the shared traces are not here")
 def test_recomputation_is_bounded_by_compute_time_where_prompts_are_most_of_the_work():
-    """The code trace (2,000-token prompts, answers of about 30 tokens) at 2x FCFS's
+    """The code trace (2,100-token prompts, answers of about 30 tokens) at 1.5x FCFS's
     capacity: a recompute budget counted in prompt tokens (10% of those prefilled) let arrivals
     drop 0.39 paused jobs per request under `predictive`, and recomputing them took about
     10% of the device: 0.93x FCFS's tokens/s (skip-join MLFQ 0.94x). Counted in the cost
-    model's time (3% of the compute so far), 0.96x and 0.99x."""
+    model's time (1% of the compute so far), 0.98x and 1.00x, with 0.06 drops per request."""
     from fastserve.traces import load_trace
     from scheduler_svc.core.cost_model import OPT_13B_A100
 
@@ -397,7 +397,7 @@ def test_recomputation_is_bounded_by_compute_time_where_prompts_are_most_of_the_
     for policy in ("predictive", "skip-join-mlfq"):
         r = run(policy)
         assert r.summary()["throughput_tokens_s"] >= 0.95 * fcfs, policy
-        assert r.num_recomputes <= 0.2 * n, policy
+        assert r.num_recomputes <= 0.1 * n, policy
 
 
 def test_replicas_share_the_load_and_keep_the_core_consistent():
