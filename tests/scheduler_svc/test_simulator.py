@@ -349,16 +349,19 @@ def test_a_preemptive_policy_keeps_fcfs_throughput_under_overload():
 @pytest.mark.skipif(not (SHARED_TRACES / "sharegpt_lengths_llama2.csv").is_file(),
                     reason="the shared traces are not here")
 def test_reactive_swapping_keeps_fcfs_throughput_with_long_contexts():
-    """ShareGPT's contexts (2,800 tokens on average) at 1.5x FCFS's capacity: reactive uploads,
+    """ShareGPT's contexts (2,800 tokens on average) at 1.5x FCFS's capacity. Reactive uploads,
     and the offloads making their room, queued on a copy engine already busy for many
-    iterations, and the uploaded jobs held their blocks idle until their turn (0.78x FCFS's
-    tokens/s, 100 s waiting on copies). Reactive copies now wait while the engine is busy
-    beyond two iterations and other jobs run (0.96x, under a second of waiting)."""
+    iterations, and the uploaded jobs held their blocks idle until their turn (skip-join
+    0.78x FCFS's tokens/s, 100 s waiting on copies). Reactive copies now wait while the
+    engine is busy beyond two iterations and other jobs run (0.96x). Each upload also made
+    room by evicting the next paused job, 7.5-7.8 swap-outs per request (mlfq 0.93x); only
+    the batch's first job makes room now (5.5-5.7, 0.96-0.97x)."""
     from fastserve.traces import load_trace
     from scheduler_svc.core.cost_model import OPT_13B_A100
 
+    n = 600
     reqs = load_trace(str(SHARED_TRACES / "sharegpt_lengths_llama2.csv"), rate=1.3,
-                      num_requests=600, seed=0)
+                      num_requests=n, seed=0)
 
     def run(policy):
         return simulate(reqs, config=SchedulerConfig(policy=policy, kv_policy="reactive",
@@ -366,10 +369,12 @@ def test_reactive_swapping_keeps_fcfs_throughput_with_long_contexts():
                         cost_model=OPT_13B_A100, num_blocks=4096, store_blocks=40000)
 
     fcfs = run("fcfs").summary()["throughput_tokens_s"]
-    r = run("skip-join-mlfq")
-    s = r.summary()
-    assert s["throughput_tokens_s"] >= 0.93 * fcfs
-    assert r.swap_wait_s <= 0.01 * s["makespan_s"]
+    for policy in ("skip-join-mlfq", "mlfq"):
+        r = run(policy)
+        s = r.summary()
+        assert s["throughput_tokens_s"] >= 0.95 * fcfs, policy
+        assert r.swap_wait_s <= 0.01 * s["makespan_s"], policy
+        assert r.num_swap_outs <= 6.5 * n, policy
 
 
 @pytest.mark.skipif(not (SHARED_TRACES / "AzureLLMInferenceTrace_code.csv").is_file(),
