@@ -346,6 +346,24 @@ def test_a_preemptive_policy_keeps_fcfs_throughput_under_overload():
         assert r.swap_wait_s <= 0.05 * s["makespan_s"], label
 
 
+def overloaded(trace: str, rate: float, n: int, kv_policy: str):
+    """A runner of ``policy`` on ``n`` requests of a shared trace at ``rate``, at the published
+    scale (OPT-13B/A100, batch 16, 4,096 blocks, a 40,000-block store; `predictive` at
+    prediction sigma 0.75)."""
+    from fastserve.traces import load_trace
+    from scheduler_svc.core.cost_model import OPT_13B_A100
+
+    reqs = load_trace(str(SHARED_TRACES / trace), rate=rate, num_requests=n, seed=0)
+
+    def run(policy):
+        return simulate(reqs, config=SchedulerConfig(policy=policy, kv_policy=kv_policy,
+                                                     max_batch_size=16),
+                        cost_model=OPT_13B_A100, num_blocks=4096, store_blocks=40000,
+                        prediction_sigma=0.75 if policy == "predictive" else None)
+
+    return run
+
+
 @pytest.mark.skipif(not (SHARED_TRACES / "sharegpt_lengths_llama2.csv").is_file(),
                     reason="the shared traces are not here")
 def test_reactive_swapping_keeps_fcfs_throughput_with_long_contexts():
@@ -356,18 +374,8 @@ def test_reactive_swapping_keeps_fcfs_throughput_with_long_contexts():
     engine is busy beyond two iterations and other jobs run (0.96x). Each upload also made
     room by evicting the next paused job, 7.5-7.8 swap-outs per request (mlfq 0.93x); only
     the batch's first job makes room now (5.5-5.7, 0.96-0.97x)."""
-    from fastserve.traces import load_trace
-    from scheduler_svc.core.cost_model import OPT_13B_A100
-
     n = 600
-    reqs = load_trace(str(SHARED_TRACES / "sharegpt_lengths_llama2.csv"), rate=1.3,
-                      num_requests=n, seed=0)
-
-    def run(policy):
-        return simulate(reqs, config=SchedulerConfig(policy=policy, kv_policy="reactive",
-                                                     max_batch_size=16),
-                        cost_model=OPT_13B_A100, num_blocks=4096, store_blocks=40000)
-
+    run = overloaded("sharegpt_lengths_llama2.csv", 1.3, n, "reactive")
     fcfs = run("fcfs").summary()["throughput_tokens_s"]
     for policy in ("skip-join-mlfq", "mlfq"):
         r = run(policy)
@@ -385,19 +393,8 @@ def test_recomputation_is_bounded_by_compute_time_where_prompts_are_most_of_the_
     drop 0.39 paused jobs per request under `predictive`, and recomputing them took about
     10% of the device: 0.93x FCFS's tokens/s (skip-join MLFQ 0.94x). Counted in the cost
     model's time (1% of the compute so far), 0.98x and 1.00x, with 0.06 drops per request."""
-    from fastserve.traces import load_trace
-    from scheduler_svc.core.cost_model import OPT_13B_A100
-
     n = 600
-    reqs = load_trace(str(SHARED_TRACES / "AzureLLMInferenceTrace_code.csv"), rate=3.9,
-                      num_requests=n, seed=0)
-
-    def run(policy):
-        return simulate(reqs, config=SchedulerConfig(policy=policy, kv_policy="recompute",
-                                                     max_batch_size=16),
-                        cost_model=OPT_13B_A100, num_blocks=4096, store_blocks=40000,
-                        prediction_sigma=0.75 if policy == "predictive" else None)
-
+    run = overloaded("AzureLLMInferenceTrace_code.csv", 3.9, n, "recompute")
     fcfs = run("fcfs").summary()["throughput_tokens_s"]
     for policy in ("predictive", "skip-join-mlfq"):
         r = run(policy)
