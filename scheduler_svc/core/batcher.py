@@ -137,18 +137,18 @@ class Batcher:
             if kv.stored:  # offloaded: swapped in now, in the Step that runs it
                 if job.job_id in plan.swap_out:
                     continue  # offloaded by this very plan: back once the result confirms it
-                # Reactive copies wait while the copy engine is busy past two iterations and
-                # others run: queued uploads held their blocks idle (ShareGPT: 0.78x FCFS).
-                if (not kvp.plans_ahead and (commands or prefills or deferred)
+                # Reactive swapping, once other jobs are batched, neither copies while the copy
+                # engine is busy past two iterations (queued uploads held blocks idle: ShareGPT
+                # 0.78x FCFS) nor makes room (each upload evicted the next paused job: 0.92x);
+                # never from blocks promised to new jobs walked before (a livelock).
+                batched = bool(commands or prefills or deferred)
+                if (not kvp.plans_ahead and batched
                         and ledger.copies.backlog() > 2 * step.iteration_s):
                     continue
                 n = 1 if job.num_pending == 1 else min(job.num_pending, budget)
                 need = blocks_for(kv.num_computed + n, bs)
-                # Reactive swapping makes room here only for the batch's first job (for each,
-                # uploads evicted paused jobs in turn: ShareGPT 0.92x FCFS), never from blocks
-                # promised to new jobs walked before (a livelock, 2.8x the swaps).
                 if (need > ledger.num_free and space is not None and not kvp.plans_ahead
-                        and not self._promised and not (commands or prefills or deferred)):
+                        and not self._promised and not batched):
                     space.make(job, need - ledger.num_free, ())
                 if need + self._promised > ledger.free_for(job):
                     continue
