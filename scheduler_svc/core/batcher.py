@@ -73,9 +73,8 @@ class Batcher:
         # ``displace_running_ratio`` times its work before the walk batches them.
         ratio = config.displace_running_ratio
         admission_closed = False
-        # Once admission is closed and every started job has been seen, only new jobs are
-        # left, and they all wait: the walk ends there, so a long queue costs nothing (a new
-        # one-token prompt waits too: it used to slip through the decode branch).
+        # Once admission is closed and every started job is seen, only new jobs are left and
+        # all wait (one-token prompts too): the walk ends there.
         num_started, started_seen = num_live - num_waiting, 0
         max_batch = step.max_batch or config.max_batch_size
         commands = plan.commands
@@ -89,13 +88,10 @@ class Batcher:
         # slot: such jobs used to fill the batch's slots and then compute nothing, while
         # decodable jobs behind them waited.
         self._promised, self._promises, self._sure, self._trimmed = 0, {}, set(), []
-        # Once prefills sure of their blocks (held, or promised to a new job) cover the token
-        # budget, a new job walked after them gets no token (chunks are sized in walk order):
-        # it takes no slot, promise or room (``unfed``, counted as passed), and once every
-        # started job is seen the walk ends, so a long queue costs nothing per iteration (FCFS
-        # walked it to the end: 0.1 ms per waiting job and iteration). Only a new job behind a
-        # prefill that then fails to fit could have had tokens (9 of 28 refactor-check runs
-        # moved, mean JCT within 0.8%; docs/refactor-check/issue12-unfed-prefill-changes.txt).
+        # Once prefills sure of their blocks (held, or promised) cover the token budget, a new
+        # job walked after them gets no token: it takes no slot, promise or room (``unfed``,
+        # counted as passed), and once every started job is seen the walk ends, so a long
+        # queue costs nothing per iteration (FCFS walked it all: 0.1 ms per waiting job).
         unfed = 0
         skip = (WalkSkip(ledger.claimants()) if policy.passes_new_jobs and not strict
                 else None)
@@ -270,17 +266,21 @@ class Batcher:
 
     def _growth_reserve(self, arrivals_preempt: bool) -> int:
         """Free blocks a new job must leave when it starts: the watermark, or under a policy
-        whose arrivals preempt, while paused jobs' KV has nowhere to go (no store room, or a KV
-        policy that does not swap), ``kv_growth_reserve`` blocks per job holding KV. There
-        every start adds a job that holds its blocks while paused, and once the started jobs
-        fill the pool none can grow: the last resort then drops the newest ones' KV, to be
-        recomputed (a pool of 200 blocks at 1.26x capacity: 62-101 recomputes for 64 requests,
-        0.83-0.91x FCFS's tokens/s; with 3 blocks per holder 21-30 and 0.96-0.98x)."""
+        whose arrivals preempt, while paused KV has nowhere to go (a KV policy that does not
+        swap, or a store short of a holder's mean KV), ``kv_growth_reserve`` blocks per job
+        holding KV: each start adds a holder, and once holders fill the pool none can grow
+        (200 blocks at 1.26x capacity: 62-101 recomputes for 64 requests, 0.83-0.91x FCFS's
+        tokens/s; with 3 per holder 21-30, 0.96-0.98x). A store with a few blocks free counted
+        as room: ShareGPT at 3x filled it and paused jobs sat on the full device at a block
+        boundary (skip-join 0.949x FCFS, 193 recomputes; now 0.960x, 59)."""
         ledger, kvp = self.ledger, self.kv_policy
         per_job = self.config.kv_growth_reserve
-        if not per_job or not arrivals_preempt or (kvp.swapping() and ledger.store_free() > 0):
+        if not per_job or not arrivals_preempt:
             return self.watermark_blocks
-        return max(self.watermark_blocks, per_job * len(ledger.holding))
+        holders = len(ledger.holding)
+        if kvp.swapping() and ledger.store_free() * holders > ledger.allocator.num_used:
+            return self.watermark_blocks
+        return max(self.watermark_blocks, per_job * holders)
 
     def _grow_room(self, job: Job, space: Displacement | None) -> bool:
         """A started job at a block boundary finds none free: a lower-priority paused job
