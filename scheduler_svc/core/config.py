@@ -95,8 +95,9 @@ class SchedulerConfig:
     kv_growth_reserve: int = setting(
         3, "blocks per job holding KV on the device that a new job must leave free when it "
         "starts, under a policy whose arrivals preempt while paused jobs' KV has nowhere to go "
-        "(no store room, or a KV policy that does not swap): started jobs then have room to grow "
-        "instead of being recomputed by the last resort; 0: only the watermark")
+        "(a KV policy that does not swap, or a store that cannot take a holder's mean KV): "
+        "started jobs then have room to grow instead of being recomputed by the last resort; "
+        "0: only the watermark")
     arrival_probe_tokens: int = setting(
         128, "predictive: a job that waits for room is estimated before its prefill from its "
         "prompt's last this-many tokens (the worker runs them up to its predictor's layer, no "
