@@ -364,6 +364,18 @@ def overloaded(trace: str, rate: float, n: int, kv_policy: str):
     return run
 
 
+def keeps_fcfs_throughput(trace: str, rate: float, kv_policy: str, policies: tuple[str, ...],
+                          ratio: float, recomputes_per_request: float, n: int = 600) -> None:
+    """Each of ``policies`` makes at least ``ratio`` of FCFS's tokens/s on ``n`` requests of a
+    shared trace at ``rate`` (``overloaded``), recomputing at most so many jobs per request."""
+    run = overloaded(trace, rate, n, kv_policy)
+    fcfs = run("fcfs").summary()["throughput_tokens_s"]
+    for policy in policies:
+        r = run(policy)
+        assert r.summary()["throughput_tokens_s"] >= ratio * fcfs, policy
+        assert r.num_recomputes <= recomputes_per_request * n, policy
+
+
 @pytest.mark.skipif(not (SHARED_TRACES / "sharegpt_lengths_llama2.csv").is_file(),
                     reason="the shared traces are not here")
 def test_reactive_swapping_keeps_fcfs_throughput_with_long_contexts():
@@ -394,13 +406,8 @@ def test_a_store_without_room_for_a_paused_job_counts_as_full():
     a block boundary until the last resort dropped them (600 requests: 69 and 91 recomputes,
     0.96x FCFS's tokens/s). The store counts as room only while it can take a holder's mean
     KV (28 and 14, 0.98x)."""
-    n = 600
-    run = overloaded("sharegpt_lengths_llama2.csv", 2.6, n, "proactive")
-    fcfs = run("fcfs").summary()["throughput_tokens_s"]
-    for policy in ("skip-join-mlfq", "mlfq"):
-        r = run(policy)
-        assert r.summary()["throughput_tokens_s"] >= 0.97 * fcfs, policy
-        assert r.num_recomputes <= 0.06 * n, policy
+    keeps_fcfs_throughput("sharegpt_lengths_llama2.csv", 2.6, "proactive",
+                          ("skip-join-mlfq", "mlfq"), ratio=0.97, recomputes_per_request=0.06)
 
 
 @pytest.mark.skipif(not (SHARED_TRACES / "AzureLLMInferenceTrace_code.csv").is_file(),
@@ -411,13 +418,8 @@ def test_recomputation_is_bounded_by_compute_time_where_prompts_are_most_of_the_
     drop 0.39 paused jobs per request under `predictive`, and recomputing them took about
     10% of the device: 0.93x FCFS's tokens/s (skip-join MLFQ 0.94x). Counted in the cost
     model's time (1% of the compute so far), 0.98x and 1.00x, with 0.06 drops per request."""
-    n = 600
-    run = overloaded("AzureLLMInferenceTrace_code.csv", 3.9, n, "recompute")
-    fcfs = run("fcfs").summary()["throughput_tokens_s"]
-    for policy in ("predictive", "skip-join-mlfq"):
-        r = run(policy)
-        assert r.summary()["throughput_tokens_s"] >= 0.95 * fcfs, policy
-        assert r.num_recomputes <= 0.1 * n, policy
+    keeps_fcfs_throughput("AzureLLMInferenceTrace_code.csv", 3.9, "recompute",
+                          ("predictive", "skip-join-mlfq"), ratio=0.95, recomputes_per_request=0.1)
 
 
 def test_replicas_share_the_load_and_keep_the_core_consistent():
