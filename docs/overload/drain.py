@@ -8,67 +8,49 @@ Bounds on the drain's iterations, from the jobs live at the last arrival: "slots
 remaining output tokens over the batch size; "memory", the blocks their remaining decodes
 hold (each decode holds its whole context) over the device's blocks; "longest", the most
 output tokens any one has left. No order can drain them in fewer iterations than the largest.
-Settings of docs/overload/phases.py (OPT-13B/A100, batch 16, 4,096 blocks, a 40,000-block
+Settings of docs/overload/published.py (OPT-13B/A100, batch 16, 4,096 blocks, a 40,000-block
 store, `predictive` at sigma 0.75, every iteration planned). Instruments GroupCore.schedule
 from outside; changes nothing.
 """
 
 from __future__ import annotations
 
-import sys
+from published import BATCH, BLOCKS, run
 
-from fastserve.traces import load_trace
-from scheduler_svc.core.config import SchedulerConfig
-from scheduler_svc.core.cost_model import OPT_13B_A100
-from scheduler_svc.core.group import GroupCore
 from scheduler_svc.core.kv.allocator import blocks_for
-from scheduler_svc.sim.simulator import simulate
-
-BATCH, BLOCKS = 16, 4096
 
 
 def main() -> None:
-    policy, kv, n, rate, trace = (sys.argv[1], sys.argv[2], int(sys.argv[3]),
-                                  float(sys.argv[4]), sys.argv[5])
-    reqs = load_trace(trace, rate=rate, num_requests=n, seed=0)
-    last = max(r.arrival_s for r in reqs)
     left: dict[str, int] = {}
     sums = dict.fromkeys(("iterations", "full", "decodes", "decoding", "prefilling", "paused",
                           "free"), 0)
-    schedule = GroupCore.schedule
 
-    def counted(self: GroupCore, now: float):
-        plan = schedule(self, now)
+    def each(core, now, plan, last):
         if now <= last:
-            return plan
+            return
         if not left:  # the jobs live at the last arrival
-            bs = self.kv.block_size
-            live = [j for j in self.jobs.values() if not j.status.finished]
+            bs = core.kv.block_size
+            live = [j for j in core.jobs.values() if not j.status.finished]
             todo = [(j.max_tokens - len(j.output), j.num_tokens) for j in live]
             left.update(live=len(live), tokens=sum(r for r, _ in todo),
                         blocks=sum(blocks_for(c + k + 1, bs) for r, c in todo for k in range(r)),
                         longest=max(r for r, _ in todo))
         if plan is not None and plan.commands:
             tokens = {c.job_id: c.num_tokens for c in plan.commands}
-            held = self.kv.holding
             sums["iterations"] += 1
             sums["full"] += len(tokens) >= BATCH
             sums["decodes"] += sum(1 for t in tokens.values() if t == 1)
-            for job_id, job in held.items():
+            for job_id, job in core.kv.holding.items():
                 t = tokens.get(job_id, 0)
                 kind = "decoding" if t == 1 else "prefilling" if t > 1 else "paused"
                 sums[kind] += len(job.kv.blocks)
-            sums["free"] += self.kv.num_free
-        return plan
+            sums["free"] += core.kv.num_free
 
-    GroupCore.schedule = counted
-    sigma = 0.75 if policy == "predictive" else None
-    s = simulate(reqs, config=SchedulerConfig(policy=policy, kv_policy=kv, max_batch_size=BATCH),
-                 cost_model=OPT_13B_A100, num_blocks=BLOCKS, store_blocks=40000,
-                 fast_forward=False, prediction_sigma=sigma).summary()
+    r = run(each)
+    s = r.summary
     it = max(sums["iterations"], 1)
-    print(f"{policy} + {kv} at {rate} req/s: {s['throughput_tokens_s']:.1f} tok/s; at the last "
-          f"arrival {left['live']} jobs live, {left['tokens']} tokens to decode, "
+    print(f"{r.policy} + {r.kv} at {r.rate} req/s: {s['throughput_tokens_s']:.1f} tok/s; at the "
+          f"last arrival {left['live']} jobs live, {left['tokens']} tokens to decode, "
           f"{left['blocks'] / max(left['tokens'], 1):.0f} blocks held per decode")
     print(f"  drain {sums['iterations']} iterations, {sums['decodes'] / it:.2f} decodes each, "
           f"{sums['full'] / it:.0%} with every slot taken; bounds: slots "

@@ -11,39 +11,25 @@ Instruments GroupCore.schedule from outside; changes nothing.
 
 from __future__ import annotations
 
-import sys
+from published import run
 
-from fastserve.traces import load_trace
-from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.cost_model import OPT_13B_A100
-from scheduler_svc.core.group import GroupCore
-from scheduler_svc.sim.simulator import simulate
 
 
 def main() -> None:
-    policy, kv, n, rate, trace = (sys.argv[1], sys.argv[2], int(sys.argv[3]),
-                                  float(sys.argv[4]), sys.argv[5])
     iterations: list[tuple[float, int, float, int]] = []  # (start, decodes, compute s, prefill)
-    schedule = GroupCore.schedule
 
-    def counted(self, now):
-        plan = schedule(self, now)
+    def each(core, now, plan, last):
         if plan is not None and plan.commands:
             decodes = sum(1 for c in plan.commands if c.num_tokens == 1)
             prefill = sum(c.num_tokens for c in plan.commands if c.num_tokens > 1)
             iterations.append((now, decodes, OPT_13B_A100.iteration_time(decodes, prefill),
                                prefill))
-        return plan
 
-    GroupCore.schedule = counted
-    reqs = load_trace(trace, rate=rate, num_requests=n, seed=0)
-    last = max(r.arrival_s for r in reqs)
-    sigma = 0.75 if policy == "predictive" else None
-    s = simulate(reqs, config=SchedulerConfig(policy=policy, kv_policy=kv, max_batch_size=16),
-                 cost_model=OPT_13B_A100, num_blocks=4096, store_blocks=40000,
-                 fast_forward=False, prediction_sigma=sigma).summary()
-    print(f"{policy} + {kv}: {s['throughput_tokens_s']:.1f} tok/s over {s['makespan_s']:.0f} s, "
-          f"last arrival at {last:.0f} s")
+    r = run(each)
+    s, last = r.summary, r.last_arrival_s
+    print(f"{r.policy} + {r.kv}: {s['throughput_tokens_s']:.1f} tok/s over "
+          f"{s['makespan_s']:.0f} s, last arrival at {last:.0f} s")
     for name, drain in (("while arriving", False), ("drain", True)):
         part = [it for it in iterations if (it[0] > last) == drain]
         decodes, compute = sum(it[1] for it in part), sum(it[2] for it in part)
