@@ -90,6 +90,10 @@ class KVPolicy:
             return min(displaceable, self.ledger.store_free())
         return 0  # the copy engine is busy: no displacement this Step
 
+    def drop_allowance(self) -> float:
+        """How much more KV new jobs may drop now, in ``KVLedger.drop_cost``'s unit."""
+        return float("inf")
+
     def on_arrival(self, job: Job, now: float) -> None:
         """A job was admitted."""
 
@@ -128,12 +132,13 @@ class Recompute(KVPolicy):
         self._prefilled = 0  # prompt and recomputed tokens planned in prefill chunks
 
     def new_job_room(self, displaceable: int, iteration_s: float) -> int:
+        return 0 if self.drop_allowance() < 0 else displaceable
+
+    def drop_allowance(self) -> float:
         ledger, budget = self.ledger, self.config.kv_recompute_budget
         if ledger.cost_model is not None:
-            spent = ledger.num_dropped_s > budget * ledger.compute_s
-        else:
-            spent = ledger.num_dropped_tokens > budget * self._prefilled
-        return 0 if spent else displaceable
+            return budget * ledger.compute_s - ledger.num_dropped_s
+        return budget * self._prefilled - ledger.num_dropped_tokens
 
     def after_batch(self, step: StepContext) -> None:
         # Every prefill chunk passes here: runs fast-forwarded at once are decodes only.
