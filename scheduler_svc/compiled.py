@@ -38,7 +38,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # per run) and the simulator's loop. Compiled together: their classes are native to each other.
 MODULES = (
     "scheduler_svc.core.job", "scheduler_svc.core.contract", "scheduler_svc.core.step_context",
-    "scheduler_svc.core.batcher", "scheduler_svc.core.group", "scheduler_svc.core.steady",
+    "scheduler_svc.core.batcher", "scheduler_svc.core.start_reserve", "scheduler_svc.core.group",
+    "scheduler_svc.core.steady",
     "scheduler_svc.core.kv.allocator", "scheduler_svc.core.kv.ledger",
     "scheduler_svc.core.kv.displace", "scheduler_svc.core.kv.policies",
     "scheduler_svc.core.policies.base", "scheduler_svc.core.policies.starvation",

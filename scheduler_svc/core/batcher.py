@@ -21,6 +21,7 @@ from scheduler_svc.core.kv.displace import Displacement
 from scheduler_svc.core.kv.ledger import KVLedger
 from scheduler_svc.core.kv.policies import KVPolicy
 from scheduler_svc.core.policies.ranked import ALWAYS, NEVER, WalkSkip
+from scheduler_svc.core.start_reserve import StartReserve
 from scheduler_svc.core.step_context import StepContext
 
 
@@ -33,9 +34,9 @@ class Batcher:
         self.config = config
         self.ledger = ledger
         self.kv_policy = kv_policy
-        self.watermark_blocks = int(config.watermark * ledger.allocator.num_blocks)
-        # Free blocks a new job must leave as it starts (``_growth_reserve``; the probes read it).
-        self.start_reserve = self.watermark_blocks
+        self.reserve = StartReserve(config, ledger, kv_policy)
+        # Free blocks a new job must leave as it starts (``StartReserve``; the probes read it).
+        self.start_reserve = self.reserve.watermark_blocks
 
     def form(self, step: StepContext, num_live: int, num_waiting: int,
              num_waiting_single: int = 0) -> None:
@@ -43,7 +44,9 @@ class Batcher:
         ``num_waiting_single``: waiting jobs with a one-token prompt (they join as decodes)."""
         plan, now, policy = step.plan, step.now, step.policy
         ledger, kvp, config = self.ledger, self.kv_policy, self.config
-        self.start_reserve = self._growth_reserve(policy.arrivals_preempt)
+        max_batch = step.max_batch or config.max_batch_size
+        self.start_reserve = self.reserve.blocks(policy.arrivals_preempt, max_batch,
+                                                 step.iterations)
         chosen, rank, busy = step.chosen, step.rank, step.busy
         budget = config.max_batched_tokens
         holders_seen = 0
@@ -76,7 +79,6 @@ class Batcher:
         # Once admission is closed and every started job is seen, only new jobs are left and
         # all wait (one-token prompts too): the walk ends there.
         num_started, started_seen = num_live - num_waiting, 0
-        max_batch = step.max_batch or config.max_batch_size
         commands = plan.commands
         # Jobs whose upload is still copying: a command for one would hold the whole
         # iteration until its copy ends. They run from a later Step, the copy overlapping
@@ -93,6 +95,7 @@ class Batcher:
         # counted as passed), and once every started job is seen the walk ends, so a long
         # queue costs nothing per iteration (FCFS walked it all: 0.1 ms per waiting job).
         unfed = 0
+        short_of_blocks = False  # a job walked could not have the blocks it needed
         skip = (WalkSkip(ledger.claimants()) if policy.passes_new_jobs and not strict
                 else None)
         walk = iter(policy.walk(now, skip))
@@ -167,7 +170,9 @@ class Batcher:
                 # A new job may push lower-priority paused jobs out (that is what lets a short
                 # arrival overtake long paused ones), once its chunk is sized below; a started
                 # job growing by a block waits instead (the last resort keeps the oldest moving).
-                if self._fit(job, n) > 0:
+                fits = self._fit(job, n) > 0
+                short_of_blocks = short_of_blocks or not fits
+                if fits:
                     prefills.append(job)
                     if _whole(job):
                         self._promise(job)
@@ -201,6 +206,7 @@ class Batcher:
                 elif self._fit(job, 1) > 0 or self._grow_room(job, space):
                     self._add(job, 1, step)
                 else:
+                    short_of_blocks = True
                     continue
             else:
                 continue
@@ -238,6 +244,7 @@ class Batcher:
                 chosen.add(job.job_id)
                 budget -= n
         step.passed = (skip.passed if skip is not None else 0) + unfed
+        self.reserve.observe(short_of_blocks, len(commands), max_batch, step.iterations)
         plan.commands = sorted(commands, key=lambda c: rank[c.job_id])  # priority order
         if not plan.commands:
             self._make_room(policy.order(now), budget, step)
@@ -263,24 +270,6 @@ class Batcher:
             blocks += max(0, self.kv_policy.new_job_room(displaceable, step.iteration_s)
                           - claimed)
         return blocks * ledger.block_size
-
-    def _growth_reserve(self, arrivals_preempt: bool) -> int:
-        """Free blocks a new job must leave when it starts: the watermark, or under a policy
-        whose arrivals preempt, while paused KV has nowhere to go (a KV policy that does not
-        swap, or a store short of a holder's mean KV), ``kv_growth_reserve`` blocks per job
-        holding KV: each start adds a holder, and once holders fill the pool none can grow
-        (200 blocks at 1.26x capacity: 62-101 recomputes for 64 requests, 0.83-0.91x FCFS's
-        tokens/s; with 3 per holder 21-30, 0.96-0.98x). A store with a few blocks free counted
-        as room: ShareGPT at 3x filled it and paused jobs sat on the full device at a block
-        boundary (skip-join 0.949x FCFS, 193 recomputes; now 0.960x, 59)."""
-        ledger, kvp = self.ledger, self.kv_policy
-        per_job = self.config.kv_growth_reserve
-        if not per_job or not arrivals_preempt:
-            return self.watermark_blocks
-        holders = len(ledger.holding)
-        if kvp.swapping() and ledger.store_free() * holders > ledger.allocator.num_used:
-            return self.watermark_blocks
-        return max(self.watermark_blocks, per_job * holders)
 
     def _grow_room(self, job: Job, space: Displacement | None) -> bool:
         """A started job at a block boundary finds none free: a lower-priority paused job

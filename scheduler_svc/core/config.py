@@ -99,6 +99,13 @@ class SchedulerConfig:
         "(a KV policy that does not swap, or a store that cannot take a holder's mean KV): "
         "started jobs then have room to grow instead of being recomputed by the last resort; "
         "0: only the watermark")
+    kv_memory_bound_iterations: int = setting(
+        256, "with kv_growth_reserve on, for this many iterations after one whose batch had a "
+        "free slot and a job short of blocks, a new job whose start pauses a started one (the "
+        "batch is full of jobs holding KV) and whose paused KV has nowhere to go leaves free "
+        "blocks for the mean KV of every job holding KV that the batch cannot take, so paused "
+        "KV does not take the blocks the batch needs; outside it, for one such job; 0: always "
+        "one")
     arrival_probe_tokens: int = setting(
         128, "predictive: a job that waits for room is estimated before its prefill from its "
         "prompt's last this-many tokens (the worker runs them up to its predictor's layer, no "
@@ -131,4 +138,5 @@ class SchedulerConfig:
         check("kv_headroom_max", 0.0 <= self.kv_headroom_max < 1.0, "in [0, 1)")
         check("kv_recompute_budget", self.kv_recompute_budget >= 0, ">= 0")
         check("kv_growth_reserve", self.kv_growth_reserve >= 0, ">= 0")
+        check("kv_memory_bound_iterations", self.kv_memory_bound_iterations >= 0, ">= 0")
         check("arrival_probe_tokens", 0 <= self.arrival_probe_tokens <= 65536, "in [0, 65536]")

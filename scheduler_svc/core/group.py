@@ -213,7 +213,8 @@ class GroupCore:
         self.kv.begin_step(now)
         step = StepContext(now, plan, self.policy, self._last_iteration_s,
                            max(1, min(self.config.max_batch_size, len(self._last_batch))),
-                           busy=self._busy, max_batch=self._plan_batch())
+                           busy=self._busy, max_batch=self._plan_batch(),
+                           iterations=self.num_iterations)
         self.batcher.form(step, len(self.jobs), self._num_waiting, self._num_waiting_single)
         self._num_waiting -= len(step.started)
         self._num_waiting_single -= sum(len(j.prompt) == 1 for j in step.started)

@@ -89,6 +89,9 @@ def window(core: GroupCore, iteration_s: float, start: float, next_arrival: floa
                 for job in batch)  # a job finishes in the window's last iteration at most
     if at_most is not None:
         limit = min(limit, at_most)
+    reserve_holds = core.batcher.reserve.steady_limit(core.num_iterations)
+    if reserve_holds is not None:  # the start reserve's memory-bound window closes
+        limit = min(limit, reserve_holds)
     starts: list[float] = []
     s = start
     while len(starts) < limit:

@@ -20,6 +20,7 @@ class StepContext:
     batch_estimate: int  # jobs per iteration for ENST
     busy: Set[int] = frozenset()  # jobs in plans still in flight: not planned again
     max_batch: int = 0  # jobs this plan may take (0: the configured max_batch_size)
+    iterations: int = 0  # iterations the group has run so far (fast-forwarded ones too)
     chosen: set[int] = field(default_factory=set)  # jobs in this plan's batch
     rank: dict[int, int] = field(default_factory=dict)  # position in this Step's priority walk
     started: list[Job] = field(default_factory=list)  # jobs scheduled for the first time

@@ -422,6 +422,21 @@ def test_recomputation_is_bounded_by_compute_time_where_prompts_are_most_of_the_
                           ("predictive", "skip-join-mlfq"), ratio=0.95, recomputes_per_request=0.1)
 
 
+@pytest.mark.skipif(not (SHARED_TRACES / "sharegpt_lengths_llama2.csv").is_file(),
+                    reason="the shared traces are not here")
+@pytest.mark.parametrize("kv_policy, recomputes", [("defer", 0.04), ("recompute", 0.07)])
+def test_paused_kv_with_nowhere_to_go_leaves_the_batch_its_blocks(kv_policy, recomputes):
+    """ShareGPT at 3x FCFS's capacity, where paused KV cannot move (defer; recompute once
+    its budget is spent): new jobs started while the batch was full, each pausing a started
+    job whose KV stayed on the device, and in the drain paused jobs held a fifth of it while
+    the batch ran short of blocks (1,000 requests: the MLFQs at 0.930-0.938x FCFS's tokens/s,
+    44-90 recomputes). A new job that pauses one now leaves a holder's mean KV free, and
+    every paused holder's while memory bounds the batch (0.962-0.971x, 15-59)."""
+    keeps_fcfs_throughput("sharegpt_lengths_llama2.csv", 2.6, kv_policy,
+                          ("skip-join-mlfq", "mlfq"), ratio=0.955,
+                          recomputes_per_request=recomputes, n=1000)
+
+
 @pytest.mark.skipif(not (SHARED_TRACES / "AzureLLMInferenceTrace_code.csv").is_file(),
                     reason="the shared traces are not here")
 def test_the_recompute_budget_holds_for_every_drop_of_a_step():
