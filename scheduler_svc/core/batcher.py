@@ -95,7 +95,10 @@ class Batcher:
         # counted as passed), and once every started job is seen the walk ends, so a long
         # queue costs nothing per iteration (FCFS walked it all: 0.1 ms per waiting job).
         unfed = 0
-        short_of_blocks = False  # a job walked could not have the blocks it needed
+        # A started job left without the blocks it needed (to grow, or to go on with its
+        # prefill): the paused KV the start reserve keeps in check (``StartReserve``). Only
+        # started jobs, which every walk reads: new ones may be passed unread.
+        started_short = False
         skip = (WalkSkip(ledger.claimants()) if policy.passes_new_jobs and not strict
                 else None)
         walk = iter(policy.walk(now, skip))
@@ -171,7 +174,7 @@ class Batcher:
                 # arrival overtake long paused ones), once its chunk is sized below; a started
                 # job growing by a block waits instead (the last resort keeps the oldest moving).
                 fits = self._fit(job, n) > 0
-                short_of_blocks = short_of_blocks or not fits
+                started_short = started_short or (job.started and not fits)
                 if fits:
                     prefills.append(job)
                     if _whole(job):
@@ -206,7 +209,7 @@ class Batcher:
                 elif self._fit(job, 1) > 0 or self._grow_room(job, space):
                     self._add(job, 1, step)
                 else:
-                    short_of_blocks = True
+                    started_short = True
                     continue
             else:
                 continue
@@ -244,7 +247,7 @@ class Batcher:
                 chosen.add(job.job_id)
                 budget -= n
         step.passed = (skip.passed if skip is not None else 0) + unfed
-        self.reserve.observe(short_of_blocks, len(commands), max_batch, step.iterations)
+        self.reserve.observe(started_short and len(commands) < max_batch, step.iterations)
         plan.commands = sorted(commands, key=lambda c: rank[c.job_id])  # priority order
         if not plan.commands:
             self._make_room(policy.order(now), budget, step)

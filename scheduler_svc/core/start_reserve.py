@@ -12,9 +12,9 @@ leaves room for it:
 |               | go: each start adds a holder, and once holders fill the pool none grows   |
 | pause         | once holders fill the batch (a start pauses one) and new jobs cannot move |
 |               | paused KV (defer, recompute past its budget, no store): a holder's mean KV |
-| memory bound  | within ``kv_memory_bound_iterations`` of an iteration whose batch had a   |
-|               | free slot and a job short of blocks: the mean KV of every holder the batch |
-|               | cannot take, so paused KV never takes blocks the batch needs              |
+| memory bound  | within ``kv_memory_bound_iterations`` of a Step whose batch had a free    |
+|               | slot and a started job short of blocks: the mean KV of every holder the   |
+|               | batch cannot take, so paused KV never takes the blocks the batch needs    |
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ class StartReserve:
         # The group's iteration count up to which memory counts as bounding the batch.
         self._bound_until = 0
         self._preempting = False  # whether the last Step's policy lets arrivals preempt
+        self._last_bound = False  # whether memory bounded the last Step's batch
 
     def blocks(self, arrivals_preempt: bool, max_batch: int, iterations: int) -> int:
         """The reserve for a Step formed after ``iterations`` iterations of the group.
@@ -43,7 +44,7 @@ class StartReserve:
         device at a block boundary (skip-join 0.949x FCFS, 193 recomputes; now 0.960x, 59).
         Pause and memory bound: under defer on ShareGPT lengths at 1.5x and 3x, the MLFQs'
         paused jobs held a fifth of the device in the drain while the batch ran short of
-        blocks (0.93-0.95x FCFS's tokens/s; now 0.97-0.99x)."""
+        blocks (0.93-0.95x FCFS's tokens/s; now 0.96-0.97x)."""
         ledger, kvp = self.ledger, self.kv_policy
         per_job = self.config.kv_growth_reserve
         self._preempting = arrivals_preempt
@@ -67,15 +68,23 @@ class StartReserve:
         would move more KV, not less)."""
         return kvp.swapping() or (kvp.drops and kvp.drop_allowance() >= 0)
 
-    def observe(self, short_of_blocks: bool, batch: int, max_batch: int,
-                iterations: int) -> None:
-        """A Step's batch is formed: whether a job it walked was short of blocks."""
-        if short_of_blocks and batch < max_batch and self._preempting:
+    def observe(self, memory_bound: bool, iterations: int) -> None:
+        """A Step's batch is formed: whether memory bounded it (a slot was free and a started
+        job was short of blocks)."""
+        self._last_bound = memory_bound and self._preempting
+        if self._last_bound:
             self._bound_until = iterations + self.config.kv_memory_bound_iterations
+
+    def advanced(self, num_iterations: int) -> None:
+        """A fast-forward ran the last plan ``num_iterations`` times more: each of those Steps
+        would have observed what the last one did."""
+        if self._last_bound:
+            self._bound_until += num_iterations
 
     def steady_limit(self, iterations: int) -> int | None:
         """Iterations from the group's ``iterations`` over which the rules stay as they are
-        (the memory-bound window does not close), or None when no window is open."""
-        if self._bound_until <= iterations - 1:
+        (a memory-bound window open at the last plan does not close), or None when no
+        window can close: none is open, or the last plan's Step keeps it open."""
+        if self._last_bound or self._bound_until <= iterations - 1:
             return None
         return max(self._bound_until - iterations, 0)
