@@ -101,11 +101,11 @@ class SchedulerConfig:
         "0: only the watermark")
     kv_memory_bound_iterations: int = setting(
         256, "with kv_growth_reserve on, for this many iterations after one whose batch had a "
-        "free slot and a started job short of blocks, a new job whose start pauses a started one (the "
-        "batch is full of jobs holding KV) and whose paused KV has nowhere to go leaves free "
-        "blocks for the mean KV of every job holding KV that the batch cannot take, so paused "
-        "KV does not take the blocks the batch needs; outside it, for one such job; 0: always "
-        "one")
+        "free slot and a started job short of blocks, a new job whose start pauses a started "
+        "one (the batch is full of jobs holding KV) and whose paused KV has nowhere to go "
+        "leaves free blocks for the mean KV of every job holding KV that the batch cannot "
+        "take, so paused KV does not take the blocks the batch needs; outside it, for one such "
+        "job; 0: always one")
     arrival_probe_tokens: int = setting(
         128, "predictive: a job that waits for room is estimated before its prefill from its "
         "prompt's last this-many tokens (the worker runs them up to its predictor's layer, no "
