@@ -90,9 +90,8 @@ class SchedulerConfig:
         0.01, "recompute KV policy: new jobs may drop paused jobs' KV for their blocks only "
         "while computing the dropped tokens again takes at most this fraction of the group's "
         "compute time so far (by the cost model; without one, while the tokens dropped are at "
-        "most this fraction of the prompt tokens prefilled), each drop charged as it is "
-        "made; beyond it they wait for free blocks, as under defer, so recomputation costs a "
-        "bounded share of the device")
+        "most this fraction of the prompt tokens prefilled); beyond it they wait for free "
+        "blocks, as under defer, so recomputation costs a bounded share of the device")
     kv_growth_reserve: int = setting(
         3, "blocks per job holding KV on the device that a new job must leave free when it "
         "starts, under a policy whose arrivals preempt while paused jobs' KV has nowhere to go "

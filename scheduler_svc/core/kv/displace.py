@@ -53,10 +53,6 @@ class Displacement:
         self._victims = [v for v in self._victims
                          if v.kv.blocks and seen.get(v.job_id, rank + 1) > rank]
         picked, total, room = [], 0, ledger.store_free()
-        # What a new job may still drop: each drop is charged as it is picked (checked once
-        # per Step, several new jobs displaced after the walk and dropped 3.4% of the compute
-        # time against a budget of 1%, half-finished prompts of the code trace at 3x).
-        allowance = self.kv_policy.drop_allowance() if not job.started else float("inf")
         chosen = step.chosen
         for v in self._victims:
             if v.job_id in chosen or v.job_id in keep:
@@ -75,11 +71,6 @@ class Displacement:
                 room -= n
             elif not drops or v.num_recomputes >= self.kv_policy.max_drops:
                 continue
-            else:
-                cost = ledger.drop_cost(v)
-                if cost > allowance:
-                    continue
-                allowance -= cost
             picked.append(v)
             total += n
             if total >= short:
