@@ -247,7 +247,8 @@ class Batcher:
                 chosen.add(job.job_id)
                 budget -= n
         step.passed = (skip.passed if skip is not None else 0) + unfed
-        self.reserve.observe(started_short and len(commands) < max_batch, step.iterations)
+        self.reserve.observe(started_short and len(commands) < max_batch
+                             and policy.arrivals_preempt, step.iterations)
         plan.commands = sorted(commands, key=lambda c: rank[c.job_id])  # priority order
         if not plan.commands:
             self._make_room(policy.order(now), budget, step)

@@ -353,7 +353,6 @@ class GroupCore:
         """``steady.advance()`` applied ``num_iterations`` iterations of the last plan."""
         self.num_iterations += num_iterations
         self.kv.compute_s += num_iterations * iteration_s
-        self.batcher.reserve.advanced(num_iterations)
         if iteration_s > 0:
             self._last_iteration_s = iteration_s
         self.repeatable_plan = None

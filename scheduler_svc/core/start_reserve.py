@@ -32,8 +32,6 @@ class StartReserve:
         self.watermark_blocks = int(config.watermark * ledger.allocator.num_blocks)
         # The group's iteration count up to which memory counts as bounding the batch.
         self._bound_until = 0
-        self._preempting = False  # whether the last Step's policy lets arrivals preempt
-        self._last_bound = False  # whether memory bounded the last Step's batch
 
     def blocks(self, arrivals_preempt: bool, max_batch: int, iterations: int) -> int:
         """The reserve for a Step formed after ``iterations`` iterations of the group.
@@ -47,7 +45,6 @@ class StartReserve:
         blocks (0.93-0.95x FCFS's tokens/s; now 0.96-0.97x)."""
         ledger, kvp = self.ledger, self.kv_policy
         per_job = self.config.kv_growth_reserve
-        self._preempting = arrivals_preempt
         if not per_job or not arrivals_preempt:
             return self.watermark_blocks
         holders = len(ledger.holding)
@@ -70,21 +67,16 @@ class StartReserve:
 
     def observe(self, memory_bound: bool, iterations: int) -> None:
         """A Step's batch is formed: whether memory bounded it (a slot was free and a started
-        job was short of blocks)."""
-        self._last_bound = memory_bound and self._preempting
-        if self._last_bound:
+        job was short of blocks, under a policy whose arrivals preempt)."""
+        if memory_bound:
             self._bound_until = iterations + self.config.kv_memory_bound_iterations
-
-    def advanced(self, num_iterations: int) -> None:
-        """A fast-forward ran the last plan ``num_iterations`` times more: each of those Steps
-        would have observed what the last one did."""
-        if self._last_bound:
-            self._bound_until += num_iterations
 
     def steady_limit(self, iterations: int) -> int | None:
         """Iterations from the group's ``iterations`` over which the rules stay as they are
-        (a memory-bound window open at the last plan does not close), or None when no
-        window can close: none is open, or the last plan's Step keeps it open."""
-        if self._last_bound or self._bound_until <= iterations - 1:
+        (a memory-bound window open at the last plan does not close), or None when none is
+        open. A fast-forward never starts from a memory-bound Step: its started job left out
+        of the batch makes the plan one that does not repeat (``steady.repeatable``), so no
+        Step it skips would have reopened the window."""
+        if self._bound_until <= iterations - 1:
             return None
         return max(self._bound_until - iterations, 0)

@@ -89,8 +89,6 @@ class SimResult:
     num_swap_outs: int = 0
     num_swap_ins: int = 0
     swap_wait_s: float = 0.0  # iterations' total wait for their own jobs' uploads
-    compute_s: float = 0.0  # the groups' iterations' compute time, in all
-    dropped_s: float = 0.0  # what computing the dropped KV again takes (the cost model's)
     # Set when ``stop_above_s_per_token`` ended the run early: a lower bound of the mean
     # latency per token that every request would have had (``records`` is then partial).
     stopped_at_s_per_token: float | None = None
@@ -573,8 +571,6 @@ def simulate(
         num_swap_outs=sum(c.kv.num_swap_outs for c in cores),
         num_swap_ins=sum(c.kv.num_swap_ins for c in cores),
         swap_wait_s=sum(c.swap_wait_s for c in cores), stopped_at_s_per_token=stopped_at,
-        compute_s=sum(c.kv.compute_s for c in cores),
-        dropped_s=sum(c.kv.num_dropped_s for c in cores),
     )
 
 

@@ -269,20 +269,13 @@ class KVLedger:
             job.kv.stored = 0
             del self._offloaded[job.job_id]
 
-    def drop_cost(self, job: Job) -> float:
-        """What dropping ``job``'s KV costs: the seconds of computing it again (the cost
-        model's prefill time, less an iteration's fixed cost), or without a cost model its
-        computed tokens."""
-        n, cm = job.kv.num_computed, self.cost_model
-        if cm is None:
-            return float(n)
-        return max(cm.prefill_time(n) - cm.prefill_time(1), 0.0) if n else 0.0
-
     def drop(self, job: Job, plan: StepPlan) -> None:
         """Drop ``job``'s KV: it is computed again from its prompt and output later."""
         self.num_dropped_tokens += job.kv.num_computed
-        if self.cost_model is not None:
-            self.num_dropped_s += self.drop_cost(job)
+        cm = self.cost_model
+        if cm is not None and job.kv.num_computed:
+            self.num_dropped_s += max(cm.prefill_time(job.kv.num_computed)
+                                      - cm.prefill_time(1), 0.0)
         self.release(job)
         self.unstore(job)
         job.kv.num_computed = 0

@@ -91,7 +91,9 @@ class KVPolicy:
         return 0  # the copy engine is busy: no displacement this Step
 
     def drop_allowance(self) -> float:
-        """How much more KV new jobs may drop now, in ``KVLedger.drop_cost``'s unit."""
+        """How much more KV new jobs may drop now: seconds of computing it again with a cost
+        model, else tokens (``KVLedger.num_dropped_s`` / ``num_dropped_tokens``); below 0 the
+        budget is spent."""
         return float("inf")
 
     def on_arrival(self, job: Job, now: float) -> None:
