@@ -101,6 +101,7 @@ class Batcher:
         started_short = False
         skip = (WalkSkip(ledger.claimants()) if policy.passes_new_jobs and not strict
                 else None)
+        kvp.begin_walk()
         walk = iter(policy.walk(now, skip))
         while True:
             # Where the walk stands now, for the policy to pass new jobs that cannot run.
@@ -186,7 +187,7 @@ class Batcher:
                     admission_closed = True
                 elif space is not None and not job.started:
                     short = self._short(job, n)
-                    room = kvp.new_job_room(displaceable, step.iteration_s)
+                    room = kvp.new_job_room(displaceable, step.iteration_s, claimed)
                     if claimed + short <= room:
                         claimed += short
                         work = policy.remaining_work(job) if ratio > 0 else None
@@ -271,8 +272,8 @@ class Batcher:
         blocks = (ledger.num_free - ledger.num_reserved() - self._promised
                   - (self.start_reserve if ledger.holding else 0))
         if space is not None:
-            blocks += max(0, self.kv_policy.new_job_room(displaceable, step.iteration_s)
-                          - claimed)
+            blocks += max(0, self.kv_policy.new_job_room(displaceable, step.iteration_s,
+                                                         claimed) - claimed)
         return blocks * ledger.block_size
 
     def _grow_room(self, job: Job, space: Displacement | None) -> bool:

@@ -436,6 +436,18 @@ def test_paused_kv_with_nowhere_to_go_leaves_the_batch_its_blocks():
                           recomputes_per_request=0.04, n=1000)
 
 
+@pytest.mark.skipif(not (SHARED_TRACES / "sharegpt_lengths_llama2.csv").is_file(),
+                    reason="the shared traces are not here")
+def test_recompute_drops_the_least_kv_that_makes_the_room():
+    """ShareGPT at 1.5x FCFS's capacity under recompute. A decode at a block boundary, or a
+    new job short of a few blocks, dropped the paused job with the largest ENST, whatever its
+    KV: recomputation took 3.1% of the compute under a 1% budget (24 s of it for growth) and
+    mlfq made 0.946x FCFS's tokens/s (1,000 requests). The one job with the least KV that
+    covers the need now goes, and room is claimed within the budget: 1.4%, 0.973x."""
+    keeps_fcfs_throughput("sharegpt_lengths_llama2.csv", 1.3, "recompute", ("mlfq",),
+                          ratio=0.965, recomputes_per_request=0.1, n=1000)
+
+
 def test_replicas_share_the_load_and_keep_the_core_consistent():
     """R groups at R times the rate: each request joins the least loaded group (the cluster
     layer's rule), every request finishes once, the cores stay consistent, and the mean JCT

@@ -26,12 +26,12 @@ make = displace.Displacement.make
 form = batcher.Batcher.form
 
 
-def counted_room(self, displaceable, iteration_s):
+def counted_room(self, displaceable, iteration_s, claimed):
     busy = self.ledger.copies.backlog() > 2 * iteration_s
     count["room_calls"] += 1
     count["room_zero_copy_busy"] += busy
     count["room_zero_store_full"] += not busy and self.ledger.store_free() == 0
-    return new_job_room(self, displaceable, iteration_s)
+    return new_job_room(self, displaceable, iteration_s, claimed)
 
 
 def counted_short(self, job, n):
@@ -39,7 +39,7 @@ def counted_short(self, job, n):
     if len(job.prompt) > LONG and not job.started:
         ledger = self.ledger
         room = new_job_room(self.kv_policy, ledger.allocator.num_used - ledger.num_outgoing(),
-                            0.1)
+                            0.1, 0)
         count["long_checks"] += 1
         count["long_short_above_room"] += lacks > room
     return lacks
