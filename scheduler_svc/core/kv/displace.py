@@ -60,9 +60,9 @@ class Displacement:
             # Dropped KV is all computed again: take the one job with the least KV that
             # covers the need (for a growing job, one block: the cheapest of all), the largest
             # ENST among equals; the ENST order only where no one job covers it. Taken in ENST
-            # order, a need of a block dropped thousands of tokens: recomputation came to 3-4%
-            # of the compute under a 1% budget, and the MLFQs to 0.946-0.952x FCFS's tokens/s
-            # on ShareGPT at 1.5x and 3x.
+            # order, a need of a block dropped 0.74-0.77 s of prefill: recomputation came to
+            # 3-4% of the compute under a 1% budget, and the MLFQs to 0.946-0.952x FCFS's
+            # tokens/s on ShareGPT at 1.5x and 3x.
             fits = [v for v in victims if len(v.kv.blocks) >= short
                     and self._usable(v, chosen, keep) and v.num_recomputes < max_drops]
             if fits:
