@@ -106,6 +106,21 @@ class CostModel:
     def prefill_time(self, num_tokens: int) -> float:
         return _interp(self.prefill, num_tokens)
 
+    def prefill_tokens_within(self, seconds: float, limit: int) -> int:
+        """The most tokens, up to ``limit``, whose prefill takes at most ``seconds`` (by
+        bisection on ``prefill_time``, which rises with the tokens); -1 if ``limit`` tokens
+        take no longer than that."""
+        if self.prefill_time(limit) <= seconds:
+            return -1
+        lo, hi = 0, limit
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.prefill_time(mid) <= seconds:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
     def iteration_time(self, num_decodes: int, prefill_tokens: int) -> float:
         """An iteration with ``num_decodes`` one-token jobs and ``prefill_tokens`` others."""
         if prefill_tokens <= 0:

@@ -558,6 +558,7 @@ def test_the_recompute_budget_counts_compute_time_with_a_cost_model(priced):
     job.kv.num_computed = 100
     ledger.drop(job, StepPlan())
     assert ledger.num_dropped_tokens == 100 and job.kv.num_computed == 0
+
     def room(claimed: int = 0) -> int:
         kvp.begin_walk()
         return kvp.new_job_room(50, 0.01, claimed)

@@ -136,10 +136,14 @@ class Recompute(KVPolicy):
     def __init__(self, config: SchedulerConfig, ledger: KVLedger):
         super().__init__(config, ledger)
         self._prefilled = 0  # prompt and recomputed tokens planned in prefill chunks
-        self._room = 0.0  # blocks this Step's new jobs may claim within the budget
+        # What was left of the budget when this Step's walk started, and it in blocks (worked
+        # out on the first new job to claim room: most Steps have none).
+        self._allowance = 0.0
+        self._room: float | None = None
 
     def begin_walk(self) -> None:
-        self._room = self._allowance_blocks()
+        self._allowance = self.drop_allowance()
+        self._room = None
 
     def new_job_room(self, displaceable: int, iteration_s: float, claimed: int) -> int:
         # The budget is checked where room is claimed, against what this Step's new jobs
@@ -148,27 +152,21 @@ class Recompute(KVPolicy):
         # 1%. The claim that crosses the budget goes through (the drops a walk has claimed
         # room for are never refused: charged per drop instead, new jobs took batch slots on
         # room they then did not get, 0.62x FCFS on the real cluster at 3x); later ones wait.
+        if self._room is None:
+            self._room = self._in_blocks(self._allowance)
         return displaceable if claimed <= self._room else claimed
 
-    def _allowance_blocks(self) -> float:
-        """The drop allowance in blocks: tokens whose prefill takes that long, by the cost
-        model, else the tokens themselves; below 0 when the budget is spent."""
-        allowance = self.drop_allowance()
-        cm = self.ledger.cost_model
+    def _in_blocks(self, allowance: float) -> float:
+        """A drop allowance in blocks: the tokens whose KV takes that long to compute again
+        by the cost model, else the tokens themselves; below 0 when the budget is spent."""
+        ledger = self.ledger
+        cm = ledger.cost_model
         if allowance <= 0 or cm is None:
-            return allowance / self.ledger.block_size
+            return allowance / ledger.block_size
         # Dropped KV of t tokens costs prefill_time(t) - prefill_time(1) (KVLedger.drop).
-        target = allowance + cm.prefill_time(1)
-        lo, hi = 0, self.ledger.allocator.num_blocks * self.ledger.block_size
-        if cm.prefill_time(hi) <= target:
-            return float("inf")
-        while lo < hi:  # the most tokens within the allowance
-            mid = (lo + hi + 1) // 2
-            if cm.prefill_time(mid) <= target:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo / self.ledger.block_size
+        tokens = cm.prefill_tokens_within(allowance + cm.prefill_time(1),
+                                          ledger.allocator.num_blocks * ledger.block_size)
+        return float("inf") if tokens < 0 else tokens / ledger.block_size
 
     def drop_allowance(self) -> float:
         ledger, budget = self.ledger, self.config.kv_recompute_budget
