@@ -8,6 +8,8 @@ Bounds on the drain's iterations, from the jobs live at the last arrival: "slots
 remaining output tokens over the batch size; "memory", the blocks their remaining decodes
 hold (each decode holds its whole context) over the device's blocks; "longest", the most
 output tokens any one has left. No order can drain them in fewer iterations than the largest.
+Also how often the blocks a plan left free (less the start reserve) were too few to start the
+smallest job waiting with no KV: free blocks no waiting job could use.
 Settings of docs/overload/published.py (OPT-13B/A100, batch 16, 4,096 blocks, a 40,000-block
 store, `predictive` at sigma 0.75, every iteration planned). Instruments GroupCore.schedule
 from outside; changes nothing.
@@ -23,7 +25,7 @@ from scheduler_svc.core.kv.allocator import blocks_for
 def main() -> None:
     left: dict[str, int] = {}
     sums = dict.fromkeys(("iterations", "full", "decodes", "decoding", "prefilling", "paused",
-                          "free"), 0)
+                          "free", "waiting", "too_few"), 0)
 
     def each(core, now, plan, last):
         if now <= last:
@@ -45,6 +47,14 @@ def main() -> None:
                 kind = "decoding" if t == 1 else "prefilling" if t > 1 else "paused"
                 sums[kind] += len(job.kv.blocks)
             sums["free"] += core.kv.num_free
+            # Jobs with no KV anywhere wait to start on blocks for their whole context: were
+            # the blocks left free after this plan too few for the smallest of them?
+            bs = core.kv.block_size
+            needs = [blocks_for(j.num_tokens + 1, bs) for j in core.jobs.values()
+                     if not j.status.finished and not j.kv.blocks and not j.kv.stored]
+            if needs:
+                sums["waiting"] += 1
+                sums["too_few"] += core.kv.num_free - core.batcher.start_reserve < min(needs)
 
     r = run(each)
     s = r.summary
@@ -58,6 +68,9 @@ def main() -> None:
           f"{left['longest']}")
     print("  blocks per iteration: " + ", ".join(
         f"{k} {sums[k] / it:.0f}" for k in ("decoding", "prefilling", "paused", "free")))
+    print(f"  a job waited to start in {sums['waiting']} iterations; in "
+          f"{sums['too_few'] / max(sums['waiting'], 1):.0%} of them the free blocks were too "
+          f"few for the smallest one")
 
 
 if __name__ == "__main__":
