@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from published import BATCH, BLOCKS, run
 
+from scheduler_svc.core.batcher import _whole
 from scheduler_svc.core.kv.allocator import blocks_for
 
 
@@ -51,7 +52,7 @@ def main() -> None:
             # the blocks left free after this plan too few for the smallest of them?
             bs = core.kv.block_size
             needs = [blocks_for(j.num_tokens + 1, bs) for j in core.jobs.values()
-                     if not j.status.finished and not j.kv.blocks and not j.kv.stored]
+                     if not j.status.finished and _whole(j)]
             if needs:
                 sums["waiting"] += 1
                 sums["too_few"] += core.kv.num_free - core.batcher.start_reserve < min(needs)
