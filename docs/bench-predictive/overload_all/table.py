@@ -18,16 +18,24 @@ def _order(run: dict) -> tuple[float, int, int]:
     return (run["rate"], POLICIES.index(policy), KV_POLICIES.index(kv) if kv else -1)
 
 
+def _kv(run: dict) -> str:
+    return run["policy"].partition("+")[2]
+
+
 def main() -> None:
     out = pathlib.Path(sys.argv[1])
     runs = [json.loads(p.read_text())["summary"]
             for p in sorted(out.glob("*/*_rate*.json"))]
-    fcfs = {r["rate"]: r for r in runs if r["policy"].startswith("fcfs")}
+    # FCFS at the same rate, under the same KV policy where it ran under several.
+    fcfs = {(r["rate"], _kv(r)): r for r in runs if r["policy"].startswith("fcfs")}
+    for r in list(fcfs.values()):
+        fcfs.setdefault((r["rate"], ""), r)
     print("| rate | policy + KV policy | tok/s | / fcfs | JCT mean s | / fcfs | p95 s "
           "| TTFT mean s | ms/token | swaps / request | recomputes / request |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in sorted(runs, key=_order):
-        base, n = fcfs[r["rate"]], r["num_requests"]
+        base = fcfs.get((r["rate"], _kv(r))) or fcfs[(r["rate"], "")]
+        n = r["num_requests"]
         print(f"| {r['rate']} | {r['policy']} | {r['throughput_tokens_s']:.1f} "
               f"| {r['throughput_tokens_s'] / base['throughput_tokens_s']:.2f}x "
               f"| {r['mean_jct_s']:.2f} | {r['mean_jct_s'] / base['mean_jct_s']:.2f}x "
