@@ -25,11 +25,25 @@ STAT = pathlib.Path("/proc/stat")
 def busy_seconds(cpus: set[int], stat: pathlib.Path = STAT) -> float | None:
     """Seconds ``cpus`` have been busy since boot (all but idle and I/O wait; steal counts as
     busy), or None where the counters cannot be read (not Linux)."""
+    times = cpu_times(cpus, stat)
+    return None if times is None else times[0]
+
+
+def steal_seconds(cpus: set[int], stat: pathlib.Path = STAT) -> float | None:
+    """Seconds the hypervisor ran something else while ``cpus`` had work (steal), since boot,
+    or None where the counters cannot be read."""
+    times = cpu_times(cpus, stat)
+    return None if times is None else times[1]
+
+
+def cpu_times(cpus: set[int], stat: pathlib.Path = STAT) -> tuple[float, float] | None:
+    """Busy and steal seconds of ``cpus`` since boot, or None where the counters cannot be
+    read (not Linux, or none of ``cpus`` listed)."""
     try:
         lines = stat.read_text().splitlines()
     except OSError:
         return None
-    ticks, found = 0, 0
+    busy, steal, found = 0, 0, 0
     for line in lines:
         name, _, rest = line.partition(" ")
         if not name.startswith("cpu") or name == "cpu" or not name[3:].isdigit():
@@ -39,11 +53,13 @@ def busy_seconds(cpus: set[int], stat: pathlib.Path = STAT) -> float | None:
         # user nice system idle iowait irq softirq steal [guest guest_nice] (guest time is
         # also counted in user, so only the first eight add up)
         values = [int(v) for v in rest.split()[:8]]
-        ticks += sum(values) - values[3] - values[4]
+        busy += sum(values) - values[3] - values[4]
+        steal += values[7]
         found += 1
     if not found:
         return None
-    return ticks / os.sysconf("SC_CLK_TCK")
+    hz = os.sysconf("SC_CLK_TCK")
+    return busy / hz, steal / hz
 
 
 class OtherWork:

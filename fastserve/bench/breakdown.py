@@ -21,14 +21,11 @@ import argparse
 import os
 import pathlib
 import sys
-import time
-import urllib.request
 from typing import Any
 
 from fastserve.bench import serve as bench_serve
+from fastserve.bench.run_profile import KINDS, RunProfile
 from fastserve.traces import TraceRequest
-
-KINDS = ("prefill", "mixed", "decode", "other")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -70,8 +67,7 @@ def run(args: argparse.Namespace) -> int:
     rows = []
     try:
         address = cluster.start(args.policy)
-        procs = {"worker": cluster.worker, "scheduler": cluster.scheduler,
-                 "kvstore": cluster.store}
+        procs = cluster.procs()
         for c in levels:
             rows.append(measure(address, metrics_port, procs, c, args))
     finally:
@@ -91,66 +87,20 @@ def measure(address: str, metrics_port: int, procs: dict[str, Any], concurrency:
     trace = [TraceRequest(0.0, args.input_tokens, args.output_tokens)] * concurrency
     prompts = bench_serve.make_prompts(trace, seed=concurrency)
     bench_serve.replay(address, trace[:1], prompts[:1], warmup=0, progress=False)  # warm-up
-    before, cpu_before = scrape(metrics_port), cpu_seconds(procs)
-    started = time.perf_counter()
+    profile = RunProfile(metrics_port, procs)
     result = bench_serve.replay(address, trace, prompts, warmup=0, progress=False)
-    span = time.perf_counter() - started
-    after, cpu_after = scrape(metrics_port), cpu_seconds(procs)
-    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    row: dict[str, Any] = {"concurrency": concurrency, **profile.finish()}
     done = [r for r in result["requests"] if r["error"] is None]
-    row: dict[str, Any] = {"concurrency": concurrency, "num_failed": len(trace) - len(done),
-                           "span_s": span}
+    row["num_failed"] = len(trace) - len(done)
     row["mean_jct_s"] = _mean([r["finish"] - r["arrival"] for r in done])
     row["mean_ttft_s"] = _mean([r["first_token"] - r["arrival"] for r in done])
     row["mean_itl_s"] = _mean([(r["finish"] - r["first_token"]) / (r["output_tokens"] - 1)
                                for r in done if r["output_tokens"] > 1])
-    compute = 0.0
-    for kind in KINDS:
-        n = d.get(f'fastserve:iteration_kind_total{{kind="{kind}"}}', 0.0)
-        t = d.get(f'fastserve:iteration_kind_compute_seconds_total{{kind="{kind}"}}', 0.0)
-        row[f"{kind}_iterations"] = int(n)
-        row[f"{kind}_compute_s"] = t
-        compute += t
-    n_it = d.get("fastserve:iteration_overhead_seconds_count", 0.0)
-    row["iterations"] = int(n_it)
-    row["compute_s"] = d.get("fastserve:iteration_time_seconds_sum", compute)
-    row["outside_compute_s"] = d.get("fastserve:iteration_overhead_seconds_sum", 0.0)
+    span = row["span_s"]
     row["uncovered_s"] = max(0.0, span - row["compute_s"] - row["outside_compute_s"])
-    cores = os.cpu_count() or 1
-    for name in cpu_after:
-        row[f"cpu_{name}_s"] = cpu_after[name] - cpu_before.get(name, 0.0)
-    row["cores_busy"] = sum(row[f"cpu_{n}_s"] for n in cpu_after) / span
-    row["cores"] = cores
+    row["cores_busy"] = sum(row[k] for k in row if k.startswith("cpu_")) / span
     row["threads"] = {name: threads(p.pid) for name, p in procs.items() if p is not None}
     return row
-
-
-def scrape(port: int) -> dict[str, float]:
-    """Every counter and histogram sum/count of the scheduler, keyed ``name{labels}``."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
-    out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(text.decode()):
-        for s in fam.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
-            out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
-    return out
-
-
-def cpu_seconds(procs: dict[str, Any]) -> dict[str, float]:
-    """User + system CPU seconds of each live process and of this one (the client)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out = {"client": sum(os.times()[:2])}
-    for name, p in procs.items():
-        if p is None:
-            continue
-        try:
-            fields = pathlib.Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            out[name] = (int(fields[11]) + int(fields[12])) / tick
-        except (OSError, IndexError, ValueError):
-            pass
-    return out
 
 
 def threads(pid: int) -> int | None:

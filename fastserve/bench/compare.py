@@ -1,10 +1,12 @@
 """`fastserve bench compare`: the same trace replayed against each scheduling policy.
 
 Starts one local worker (its model loads once), then for each rate and each policy in turn a
-scheduler with ``--policy P`` (metrics off, any port) attached to it, replays the trace as
+scheduler with ``--policy P`` (any port) attached to it, replays the trace as
 `fastserve bench serve` does (same arrivals, same synthesized prompts), and stops the
 scheduler; the worker frees everything a scheduler left when its stream closes, so every
-policy starts from an empty KV pool (``--fresh-worker`` restarts the worker too).
+policy starts from an empty KV pool (``--fresh-worker`` restarts the worker too). Each run's
+``run_profile`` (`fastserve.bench.run_profile`, from the scheduler's metrics and /proc) says
+where its time went: iterations by kind, the mean batch, and the cores other work took.
 
 Peers (``--peer NAME=URL``, any OpenAI-compatible server: vLLM, SGLang, llama.cpp) are
 replayed the same trace after the policies, with the same client summary, so a side-by-side is
@@ -41,6 +43,8 @@ from typing import Any
 from fastserve.bench import serve as bench_serve
 from fastserve.bench.capacity import MIN_WAIT_S
 from fastserve.bench.peers import peer_specs
+from fastserve.bench.run_profile import RunProfile, format_profiles
+from fastserve.ports import free_port
 from fastserve.traces import describe
 
 DEFAULT_OUT_DIR = "bench-compare"
@@ -180,6 +184,9 @@ class _Cluster:
             name=f"scheduler ({policy})")
         return address
 
+    def procs(self) -> dict[str, Any]:
+        return {"worker": self.worker, "scheduler": self.scheduler, "kvstore": self.store}
+
     def stop_scheduler(self) -> None:
         from fastserve import cli_serve
 
@@ -239,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
     out_dir = pathlib.Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     n = max(len(t) for t, _ in workloads.values())
-    cluster = _Cluster(args, model, args.max_waiting or max(1024, n))
+    cluster = _Cluster(args, model, args.max_waiting or max(1024, n), metrics_port=free_port())
     summaries: list[dict[str, Any]] = []
     jcts: dict[float | None, dict[str, list[float]]] = {}
     infos = {}
@@ -250,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
         summary["policy"] = name  # the name asked for, even if Status says otherwise
         summary["scheduler_policy"] = result["policy"]
         summary["wall_s"] = time.monotonic() - started
+        summary["run_profile"] = result.get("profile")
         if rate in loads:
             summary["load"] = config["load"] = loads[rate]
         summaries.append(summary)
@@ -286,10 +294,12 @@ def run(args: argparse.Namespace) -> int:
                     sent = _with_hints(prompts, measured.get(rate))
                 try:
                     address = cluster.start(policy, kv_policy)
+                    profile = RunProfile(cluster.metrics_port, cluster.procs())
                     result = bench_serve.replay(
                         address, trace, sent, timeout_s=args.timeout_s, warmup=args.warmup,
                         progress=not args.no_progress,
                         desc=f"{name} @ {bench_serve._fmt(label)} req/s")
+                    result["profile"] = profile.finish()
                 except (ChildFailed, ConnectionError) as e:
                     # The other runs still count; this one is reported, and the exit code is 1.
                     errors.append(f"{name} at rate {_rate_tag(rate)}: {e}")
@@ -328,6 +338,7 @@ def run(args: argparse.Namespace) -> int:
     print(bench_serve.format_table(summaries, baseline=baseline))
     if any(s.get("num_swap_outs") or s.get("num_recomputes") for s in summaries):
         print(bench_serve.format_kv_table(summaries))
+    print(format_profiles(summaries))
     for s in summaries:
         bench_serve.print_predictions(s)
         bench_serve.print_failures(s)

@@ -63,6 +63,17 @@ def test_bench_compare_end_to_end(tiny_tok_model, tmp_path, capsys):
         assert set(bench_serve.SUMMARY_KEYS) <= set(s)
         assert 0 < s["p50_jct_s"] <= s["p95_jct_s"] <= s["p99_jct_s"]
         assert s["throughput_tokens_s"] > 0
+        # Where the run's time went, from the scheduler's counters over this run alone (each
+        # run has its own scheduler): every request's every token is an iteration's job.
+        p = s["run_profile"]
+        kinds = ("prefill", "mixed", "decode", "other")
+        assert sum(p[f"{k}_iterations"] for k in kinds) == p["iterations"] >= 13
+        computing = p["iterations"] - p["other_iterations"]
+        assert computing * p["mean_batch"] >= sum(2 + (i * 5) % 12 for i in range(30))
+        assert 1 <= p["mean_batch"] <= 30
+        assert 0 < p["compute_s"] < p["span_s"] and p["cpu_worker_s"] > 0
+        assert p["other_processes_cores"] >= 0 and p["steal_cores"] >= 0
+    assert "decode ms" in printed
     for policy in ("fcfs", "rtc"):
         run = json.loads((out_dir / f"{policy}_ratetrace.json").read_text())
         reqs = run["requests"]
