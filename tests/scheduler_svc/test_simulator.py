@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import pathlib
 import random
 
 import pytest
+from overload_sims import SHARED_TRACES, overloaded
 
 from fastserve.cli import main as cli_main
 from fastserve.traces import TraceRequest as Req
@@ -190,9 +190,6 @@ def test_a_run_stopped_at_a_certain_slo_miss_reports_a_true_lower_bound():
     assert same.stopped_at_s_per_token is None and same.summary() == full.summary()
 
 
-SHARED_TRACES = pathlib.Path(__file__).resolve().parents[3] / "shared" / "traces"
-
-
 @pytest.mark.skipif(not (SHARED_TRACES / "sharegpt_lengths_llama2.csv").is_file(),
                     reason="the shared traces are not here")
 def test_proactive_offload_does_not_thrash_when_swaps_are_expensive():
@@ -323,57 +320,30 @@ def test_a_preemptive_policy_keeps_fcfs_throughput_under_overload():
     limits that double per promotion, restarts on whole blocks; uploads predicted ready after
     their Step's offloads (reactive waited 7% of the run for them), and recomputation within a
     budget (unbounded, arrivals dropped 0.7 paused jobs per request: 0.89x)."""
-    from fastserve.traces import load_trace
-    from scheduler_svc.core.cost_model import OPT_13B_A100
-
     n = 600
-    reqs = load_trace(str(SHARED_TRACES / "AzureLLMInferenceTrace_conv.csv"), rate=2.5,
-                      num_requests=n, seed=0)
-
-    def run(policy, kv):
-        return simulate(reqs, config=SchedulerConfig(policy=policy, kv_policy=kv,
-                                                     max_batch_size=16),
-                        cost_model=OPT_13B_A100, num_blocks=4096, store_blocks=40000)
-
-    fcfs = run("fcfs", "proactive").summary()
-    for kv in ("proactive", "reactive", "recompute", "defer"):
-        r = run("skip-join-mlfq", kv)
-        s = r.summary()
+    kvs = ("proactive", "reactive", "recompute", "defer")
+    runs = overloaded("AzureLLMInferenceTrace_conv.csv", 2.5, n,
+                      [("fcfs", "proactive")] + [("skip-join-mlfq", kv) for kv in kvs])
+    fcfs = runs["fcfs+proactive"]["tokens_s"]
+    for kv in kvs:
         label = f"skip-join-mlfq+{kv}"
-        assert s["throughput_tokens_s"] >= 0.95 * fcfs["throughput_tokens_s"], label
-        assert r.num_swap_outs <= 6 * n, label
-        assert r.num_recomputes <= (0.2 if kv == "recompute" else 0.1) * n, label
-        assert r.swap_wait_s <= 0.05 * s["makespan_s"], label
-
-
-def overloaded(trace: str, rate: float, n: int, kv_policy: str):
-    """A runner of ``policy`` on ``n`` requests of a shared trace at ``rate``, at the published
-    scale (OPT-13B/A100, batch 16, 4,096 blocks, a 40,000-block store; `predictive` at
-    prediction sigma 0.75)."""
-    from fastserve.traces import load_trace
-    from scheduler_svc.core.cost_model import OPT_13B_A100
-
-    reqs = load_trace(str(SHARED_TRACES / trace), rate=rate, num_requests=n, seed=0)
-
-    def run(policy):
-        return simulate(reqs, config=SchedulerConfig(policy=policy, kv_policy=kv_policy,
-                                                     max_batch_size=16),
-                        cost_model=OPT_13B_A100, num_blocks=4096, store_blocks=40000,
-                        prediction_sigma=0.75 if policy == "predictive" else None)
-
-    return run
+        r = runs[label]
+        assert r["tokens_s"] >= 0.95 * fcfs, label
+        assert r["swap_outs"] <= 6 * n, label
+        assert r["recomputes"] <= (0.2 if kv == "recompute" else 0.1) * n, label
+        assert r["swap_wait_s"] <= 0.05 * r["makespan_s"], label
 
 
 def keeps_fcfs_throughput(trace: str, rate: float, kv_policy: str, policies: tuple[str, ...],
                           ratio: float, recomputes_per_request: float, n: int = 600) -> None:
     """Each of ``policies`` makes at least ``ratio`` of FCFS's tokens/s on ``n`` requests of a
     shared trace at ``rate`` (``overloaded``), recomputing at most so many jobs per request."""
-    run = overloaded(trace, rate, n, kv_policy)
-    fcfs = run("fcfs").summary()["throughput_tokens_s"]
+    runs = overloaded(trace, rate, n, [(p, kv_policy) for p in ("fcfs", *policies)])
+    fcfs = runs[f"fcfs+{kv_policy}"]["tokens_s"]
     for policy in policies:
-        r = run(policy)
-        assert r.summary()["throughput_tokens_s"] >= ratio * fcfs, policy
-        assert r.num_recomputes <= recomputes_per_request * n, policy
+        r = runs[f"{policy}+{kv_policy}"]
+        assert r["tokens_s"] >= ratio * fcfs, policy
+        assert r["recomputes"] <= recomputes_per_request * n, policy
 
 
 @pytest.mark.skipif(not (SHARED_TRACES / "sharegpt_lengths_llama2.csv").is_file(),
@@ -387,14 +357,14 @@ def test_reactive_swapping_keeps_fcfs_throughput_with_long_contexts():
     room by evicting the next paused job, 7.5-7.8 swap-outs per request (mlfq 0.93x); only
     the batch's first job makes room now (5.5-5.7, 0.96-0.97x)."""
     n = 600
-    run = overloaded("sharegpt_lengths_llama2.csv", 1.3, n, "reactive")
-    fcfs = run("fcfs").summary()["throughput_tokens_s"]
+    runs = overloaded("sharegpt_lengths_llama2.csv", 1.3, n,
+                      [(p, "reactive") for p in ("fcfs", "skip-join-mlfq", "mlfq")])
+    fcfs = runs["fcfs+reactive"]["tokens_s"]
     for policy in ("skip-join-mlfq", "mlfq"):
-        r = run(policy)
-        s = r.summary()
-        assert s["throughput_tokens_s"] >= 0.95 * fcfs, policy
-        assert r.swap_wait_s <= 0.01 * s["makespan_s"], policy
-        assert r.num_swap_outs <= 6.5 * n, policy
+        r = runs[f"{policy}+reactive"]
+        assert r["tokens_s"] >= 0.95 * fcfs, policy
+        assert r["swap_wait_s"] <= 0.01 * r["makespan_s"], policy
+        assert r["swap_outs"] <= 6.5 * n, policy
 
 
 @pytest.mark.skipif(not (SHARED_TRACES / "sharegpt_lengths_llama2.csv").is_file(),
