@@ -29,16 +29,10 @@ def busy_seconds(cpus: set[int], stat: pathlib.Path = STAT) -> float | None:
     return None if times is None else times[0]
 
 
-def steal_seconds(cpus: set[int], stat: pathlib.Path = STAT) -> float | None:
-    """Seconds the hypervisor ran something else while ``cpus`` had work (steal), since boot,
-    or None where the counters cannot be read."""
-    times = cpu_times(cpus, stat)
-    return None if times is None else times[1]
-
-
 def cpu_times(cpus: set[int], stat: pathlib.Path = STAT) -> tuple[float, float] | None:
-    """Busy and steal seconds of ``cpus`` since boot, or None where the counters cannot be
-    read (not Linux, or none of ``cpus`` listed)."""
+    """Busy seconds of ``cpus`` since boot (as ``busy_seconds``) and, of those, steal: the
+    hypervisor ran something else while they had work. None where the counters cannot be read
+    (not Linux, or none of ``cpus`` listed)."""
     try:
         lines = stat.read_text().splitlines()
     except OSError:

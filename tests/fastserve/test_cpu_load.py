@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from fastserve.cpu_load import OtherWork, busy_seconds, steal_seconds
+from fastserve.cpu_load import OtherWork, busy_seconds, cpu_times
 
 STAT = """cpu  900 0 900 9000 90 0 0 90 0 0
 cpu0 100 10 200 5000 40 5 5 30 70 0
@@ -29,10 +29,10 @@ def test_busy_time_sums_the_cores_asked_for_with_steal_and_without_idle(tmp_path
     assert busy_seconds({0, 1}, stat) == pytest.approx(810 / hz)
     assert busy_seconds({5}, stat) is None  # no such core
     assert busy_seconds({0}, tmp_path / "missing") is None
-    # steal alone: the hypervisor's share of the same cores
-    assert steal_seconds({0}, stat) == pytest.approx(30 / hz)
-    assert steal_seconds({0, 1}, stat) == pytest.approx(90 / hz)
-    assert steal_seconds({5}, stat) is None
+    # and steal alone, the hypervisor's share of the same busy time
+    assert cpu_times({0}, stat) == pytest.approx((350 / hz, 30 / hz))
+    assert cpu_times({0, 1}, stat) == pytest.approx((810 / hz, 90 / hz))
+    assert cpu_times({5}, stat) is None
 
 
 def _burn(seconds: float) -> None:
