@@ -19,7 +19,8 @@ def row(path: pathlib.Path) -> str:
     dec = p["decode_compute_s"] / p["decode_iterations"]
     mixed = p["mixed_compute_s"] / max(1, p["mixed_iterations"])
     n = p["iterations"]
-    return (f"| {path.parent.name} | {s['policy']} | {s['throughput_tokens_s']:.1f} | "
+    return (f"| {path.parent.name} | {s['rate']} | {s['policy']} | "
+            f"{s['throughput_tokens_s']:.1f} | "
             f"{s['makespan_s']:.1f} | {n:,} | {p['mean_batch']:.2f} | "
             f"{p['decode_iterations']:,} | {dec * 1e3:.1f} | {dec * 1e3 / p['mean_batch']:.2f} | "
             f"{p['mixed_iterations']:,} | {mixed * 1e3:.1f} | "
@@ -28,10 +29,10 @@ def row(path: pathlib.Path) -> str:
 
 
 def main(root: str) -> None:
-    print("| run | policy | tok/s | makespan s | iterations | jobs / iteration | decode "
+    print("| run | rate | policy | tok/s | makespan s | iterations | jobs / iteration | decode "
           "iterations | ms each | ms / job | mixed iterations | ms each | outside ms | "
           "other cores | steal cores |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for path in sorted(pathlib.Path(root).glob("*/*_rate*.json")):
         print(row(path))
 
