@@ -338,7 +338,8 @@ def run(args: argparse.Namespace) -> int:
     print(bench_serve.format_table(summaries, baseline=baseline))
     if any(s.get("num_swap_outs") or s.get("num_recomputes") for s in summaries):
         print(bench_serve.format_kv_table(summaries))
-    print(format_profiles(summaries))
+    if profiles := format_profiles(summaries):
+        print(profiles)
     for s in summaries:
         bench_serve.print_predictions(s)
         bench_serve.print_failures(s)

@@ -115,31 +115,33 @@ def cpu_seconds(procs: dict[str, Any]) -> dict[str, float]:
 def format_profiles(summaries: Sequence[dict[str, Any]]) -> str:
     """One row per run that has a profile: iterations, the mean batch, the worker's ms per
     iteration of each kind that computed jobs, the scheduler's ms per iteration outside
-    compute, and the cores other processes and the hypervisor took, averaged over the run."""
+    compute, and the cores other processes and the hypervisor took, averaged over the run.
+    Empty where no run has one (peers only)."""
     from fastserve.bench.serve import _fmt
 
+    profiled = [(s, p) for s in summaries if (p := s.get("run_profile")) and "iterations" in p]
+    if not profiled:
+        return ""
     head = (f"{'policy':<26} {'rate':>6} {'iterations':>10} {'batch':>6} | "
             f"{'decode ms':>9} {'mixed ms':>9} {'prefill ms':>10} {'outside ms':>10} | "
             f"{'other cores':>11} {'steal':>6}")
     lines = [head, "-" * len(head)]
-    cores = None
-    for s in summaries:
-        p = s.get("run_profile")
-        if not p or "iterations" not in p:
-            continue
-
-        def per(kind: str, p: dict[str, Any] = p) -> float | None:
-            n = p[f"{kind}_iterations"]
-            return p[f"{kind}_compute_s"] / n if n else None
-
-        n, cores = p["iterations"], p.get("cores")
+    for s, p in profiled:
+        n = p["iterations"]
         lines.append(
             f"{s['policy']:<26} {_fmt(s['rate']):>6} {n:>10} {_fmt(p['mean_batch']):>6} | "
-            f"{_fmt(per('decode'), 1e3, 1):>9} {_fmt(per('mixed'), 1e3, 1):>9} "
-            f"{_fmt(per('prefill'), 1e3, 1):>10} "
+            f"{_fmt(_per_iteration(p, 'decode'), 1e3, 1):>9} "
+            f"{_fmt(_per_iteration(p, 'mixed'), 1e3, 1):>9} "
+            f"{_fmt(_per_iteration(p, 'prefill'), 1e3, 1):>10} "
             f"{_fmt(p['outside_compute_s'] / n if n else None, 1e3, 2):>10} | "
             f"{_fmt(p.get('other_processes_cores')):>11} {_fmt(p.get('steal_cores')):>6}")
     lines.append("ms = the worker's compute per iteration of that kind (outside: the "
                  "scheduler's planning and the wire); cores other work took, averaged over "
-                 f"the run, of {cores or os.cpu_count()}")
+                 f"the run, of {profiled[-1][1]['cores']}")
     return "\n".join(lines)
+
+
+def _per_iteration(p: dict[str, Any], kind: str) -> float | None:
+    """The worker's compute per iteration of ``kind`` in profile ``p``, or None if none ran."""
+    n = p[f"{kind}_iterations"]
+    return p[f"{kind}_compute_s"] / n if n else None
