@@ -28,6 +28,11 @@ With ``--prompts`` (natural lengths), ``srpt-oracle`` is told each answer's leng
 run at the same rate measured it (``output_length_hint``; put another policy before it, or use
 ``--loads``, whose capacity run measures them): every request has its own sampling seed, so
 later runs draw the same answers, up to float ties between batch shapes.
+
+With ``--rounds N`` every run is made N times in turn, and the first once more at the end, so
+that each run of the others lies between two of the first's (put fcfs first): a machine whose
+speed drifts over the comparison moves the reference too. A last table gives each run's
+tokens/s and mean JCT over the first's interpolated at its time (`fastserve.bench.rounds`).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from typing import Any
 from fastserve.bench import serve as bench_serve
 from fastserve.bench.capacity import MIN_WAIT_S
 from fastserve.bench.peers import peer_specs
+from fastserve.bench.rounds import bracketed, format_bracketed, schedule
 from fastserve.bench.run_profile import RunProfile, format_profiles
 from fastserve.ports import free_port
 from fastserve.traces import describe
@@ -102,6 +108,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="with --loads: the wait in the server's queue that marks a request of "
                    "the capacity run as having found the cluster full (default %(default)g s; "
                    "lower it for a cluster that serves the whole workload in a few seconds)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="make every run this many times in turn, and the first once more at "
+                   "the end, and print each run against the first's runs around it (default "
+                   "%(default)s)")
     p.add_argument("--model", default=None, help="model (default: the default model)")
     p.add_argument("--device", default="cpu", help="torch device of the worker")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -221,6 +231,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.rounds < 1:
+        print(f"error: --rounds must be at least 1, got {args.rounds}", file=sys.stderr)
+        return 2
     if not args.policies and not peers:
         print("error: nothing to compare: give --policies, --peer or both", file=sys.stderr)
         return 2
@@ -252,17 +265,23 @@ def run(args: argparse.Namespace) -> int:
     infos = {}
     errors: list[str] = []
 
-    def record(name: str, result: dict[str, Any], started: float, config: dict) -> None:
+    def record(name: str, result: dict[str, Any], started: float, config: dict,
+               rnd: int | None = None) -> None:
         summary = bench_serve.bench_summary(result, label)
         summary["policy"] = name  # the name asked for, even if Status says otherwise
         summary["scheduler_policy"] = result["policy"]
         summary["wall_s"] = time.monotonic() - started
+        summary["started_at"] = time.time() - summary["wall_s"]
         summary["run_profile"] = result.get("profile")
+        if rnd is not None:
+            summary["round"] = config["round"] = rnd
         if rate in loads:
             summary["load"] = config["load"] = loads[rate]
         summaries.append(summary)
-        jcts.setdefault(rate, {})[name] = bench_serve.jcts(result["requests"])
-        bench_serve.write_json(str(out_dir / f"{name}_rate{_rate_tag(rate)}.json"), {
+        jcts.setdefault(rate, {})[bench_serve.run_label(summary)] = bench_serve.jcts(
+            result["requests"])
+        tag = f"_r{rnd}" if rnd is not None else ""
+        bench_serve.write_json(str(out_dir / f"{name}_rate{_rate_tag(rate)}{tag}.json"), {
             "summary": summary, "requests": result["requests"], "trace": info,
             "config": config})
 
@@ -285,7 +304,7 @@ def run(args: argparse.Namespace) -> int:
             info = infos[rate] = describe(trace)
             label = rate if rate is not None else info.get("mean_rate")
             kv_policies: list[str | None] = list(args.kv_policies or [None])
-            for policy, kv_policy in ((p, k) for p in args.policies for k in kv_policies):
+            for rnd, policy, kv_policy in schedule(args.policies, kv_policies, args.rounds):
                 # One label per run: the policy, plus the KV policy when several are compared.
                 name = policy if len(kv_policies) == 1 else f"{policy}+{kv_policy}"
                 started = time.monotonic()
@@ -308,7 +327,7 @@ def run(args: argparse.Namespace) -> int:
                 finally:
                     cluster.stop_scheduler()
                 record(name, result, started,
-                       _config(args, rate, model, cluster, policy, result["status"]))
+                       _config(args, rate, model, cluster, policy, result["status"]), rnd)
                 if args.prompts and rate not in measured:
                     measured[rate] = [r["output_tokens"] if r.get("error") is None else None
                                       for r in result["requests"]]
@@ -340,6 +359,10 @@ def run(args: argparse.Namespace) -> int:
         print(bench_serve.format_kv_table(summaries))
     if profiles := format_profiles(summaries):
         print(profiles)
+    if args.rounds > 1 and summaries:
+        rows = bracketed([s for s in summaries if "round" in s], summaries[0]["policy"])
+        print(format_bracketed(rows))
+        bench_serve.write_json(str(out_dir / "rounds.json"), rows)
     for s in summaries:
         bench_serve.print_predictions(s)
         bench_serve.print_failures(s)
@@ -451,7 +474,8 @@ def _plots(args: argparse.Namespace, out_dir: pathlib.Path, rates: list[float | 
                  f"length scale {args.length_scale:g}, model {args.model or 'default'}")
     paths = [plots.plot_jct_cdf(jcts, out_dir / "jct_cdf.png", title)]
     if len(rates) > 1:
-        paths.append(plots.plot_latency_vs_rate(summaries, out_dir / "latency_vs_rate.png",
+        first = [s for s in summaries if s.get("round", 1) == 1]  # a point per policy and rate
+        paths.append(plots.plot_latency_vs_rate(first, out_dir / "latency_vs_rate.png",
                                                 title))
     for p in paths:
         print(f"wrote {p}")

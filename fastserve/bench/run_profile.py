@@ -117,7 +117,7 @@ def format_profiles(summaries: Sequence[dict[str, Any]]) -> str:
     iteration of each kind that computed jobs, the scheduler's ms per iteration outside
     compute, and the cores other processes and the hypervisor took, averaged over the run.
     Empty where no run has one (peers only)."""
-    from fastserve.bench.serve import _fmt
+    from fastserve.bench.serve import _fmt, run_label
 
     profiled = [(s, p) for s in summaries if (p := s.get("run_profile")) and "iterations" in p]
     if not profiled:
@@ -129,7 +129,7 @@ def format_profiles(summaries: Sequence[dict[str, Any]]) -> str:
     for s, p in profiled:
         n = p["iterations"]
         lines.append(
-            f"{s['policy']:<26} {_fmt(s['rate']):>6} {n:>10} {_fmt(p['mean_batch']):>6} | "
+            f"{run_label(s):<26} {_fmt(s['rate']):>6} {n:>10} {_fmt(p['mean_batch']):>6} | "
             f"{_fmt(_per_iteration(p, 'decode'), 1e3, 1):>9} "
             f"{_fmt(_per_iteration(p, 'mixed'), 1e3, 1):>9} "
             f"{_fmt(_per_iteration(p, 'prefill'), 1e3, 1):>10} "

@@ -415,7 +415,7 @@ def format_kv_table(summaries: Sequence[dict[str, Any]]) -> str:
     lines = [head, "-" * len(head)]
     for s in summaries:
         share = s["swap_wait_s"] / s["makespan_s"] if s.get("makespan_s") else None
-        lines.append(f"{s['policy']:<26} {s['num_swap_outs']:>8.0f} {s['num_swap_ins']:>8.0f} "
+        lines.append(f"{run_label(s):<26} {s['num_swap_outs']:>8.0f} {s['num_swap_ins']:>8.0f} "
                      f"{s['num_kv_lost']:>5.0f} {s['num_recomputes']:>9.0f} "
                      f"{s['swap_wait_s']:>11.3f} {_fmt(share, 100, 2):>6}%")
     return "\n".join(lines)
@@ -425,7 +425,10 @@ def format_table(summaries: Sequence[dict[str, Any]], baseline: str | None = "fc
     """One row per summary: completed/failed, JCT (s), TTFT (s), latency per output token
     (ms), throughput; with ``baseline`` among the policies of a rate, each row's mean and p95
     JCT as a multiple of the baseline's (lower is better)."""
-    base = {s["rate"]: s for s in summaries if baseline and s["policy"] == baseline}
+    base: dict[Any, dict[str, Any]] = {}
+    for s in summaries:  # the first run of the baseline at each rate (--rounds makes several)
+        if baseline and s["policy"] == baseline:
+            base.setdefault(s["rate"], s)
     head = (f"{'policy':<26} {'rate':>6} {'ok':>5} {'fail':>4} | {'JCT mean':>8} {'p50':>7} "
             f"{'p95':>7} {'p99':>7} | {'TTFT mean':>9} {'p95':>7} | {'ms/tok mean':>11} "
             f"{'p95':>7} | {'tok/s':>7} {'req/s':>6} {'sat tok/s':>9}")
@@ -435,7 +438,7 @@ def format_table(summaries: Sequence[dict[str, Any]], baseline: str | None = "fc
     for k, s in enumerate(summaries):
         if k and s["rate"] != summaries[k - 1]["rate"]:
             lines.append("")
-        row = (f"{s['policy']:<26} {_fmt(s['rate']):>6} {s['num_completed']:>5} "
+        row = (f"{run_label(s):<26} {_fmt(s['rate']):>6} {s['num_completed']:>5} "
                f"{s['num_failed']:>4} | {_fmt(s['mean_jct_s'], digits=3):>8} "
                f"{_fmt(s['p50_jct_s'], digits=3):>7} {_fmt(s['p95_jct_s'], digits=3):>7} "
                f"{_fmt(s['p99_jct_s'], digits=3):>7} | "
@@ -452,6 +455,13 @@ def format_table(summaries: Sequence[dict[str, Any]], baseline: str | None = "fc
     lines.append("JCT and TTFT in s; ms/tok = JCT / output tokens, in ms; sat tok/s = tokens/s "
                  "while requests queued (the capacity: fastserve/bench/capacity.py)")
     return "\n".join(lines)
+
+
+def run_label(summary: dict[str, Any]) -> str:
+    """A run's name in tables: its policy, and its round when `bench compare --rounds` made
+    several."""
+    rnd = summary.get("round")
+    return summary["policy"] + (f" #{rnd}" if rnd else "")
 
 
 def _ratio(s: dict, b: dict | None, key: str) -> str:
