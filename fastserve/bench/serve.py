@@ -489,14 +489,14 @@ def print_trace_line(info: dict[str, Any], args: argparse.Namespace) -> None:
 def print_predictions(summary: dict[str, Any]) -> None:
     """The server's length predictions against the answers (when it predicted any)."""
     if summary.get("num_predicted"):
-        print(f"{summary['policy']}: predicted lengths of {summary['num_predicted']} answers: "
+        print(f"{run_label(summary)}: predicted lengths of {summary['num_predicted']} answers: "
               f"MAE {summary['prediction_mae_tokens']:.1f} tokens, Spearman "
               f"{summary['prediction_spearman']:.3f}")
 
 
 def print_failures(summary: dict[str, Any]) -> None:
     if summary["num_failed"]:
-        print(f"{summary['policy']}: {summary['num_failed']} of {summary['num_requests']} "
+        print(f"{run_label(summary)}: {summary['num_failed']} of {summary['num_requests']} "
               "requests failed:")
         for error, n in summary["failures"].items():
             print(f"  {n:>5} x {error}")
