@@ -6,13 +6,13 @@ comparison is a poor yardstick for a run made twenty minutes later. With ``--rou
 runs are made N times in turn and the reference (the first policy listed) once more at the
 end, so every other run lies between two reference runs; each is measured against the
 reference's figure at its own time, interpolated linearly between the reference runs around
-it (the nearest one outside them). Reported per policy: the ratio in each round, the lowest,
-and the geometric mean.
+it (the nearest one outside them). Reported per policy: the ratio in each round, the worst
+(lowest tokens/s, highest JCT) and the geometric mean.
 """
 
 from __future__ import annotations
 
-import math
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -68,10 +68,6 @@ def bracketed(summaries: Sequence[dict[str, Any]], reference: str) -> list[dict[
     return list(rows.values())
 
 
-def geomean(values: Sequence[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
-
-
 def format_bracketed(rows: Sequence[dict[str, Any]]) -> str:
     """The table `bench compare --rounds` prints: per policy and rate, each figure's ratio in
     every round, then the worst and the geometric mean (worst: lowest for tokens/s, highest
@@ -91,7 +87,8 @@ def format_bracketed(rows: Sequence[dict[str, Any]]) -> str:
             by_round = " ".join(f"{r:.2f}" if r is not None else "-"
                                 for r in row["ratios"][key])
             worst = (min(got) if higher_better else max(got)) if got else None
-            cells.append(f"{by_round:<34} {_x(worst):>6} {_x(geomean(got) if got else None):>6}")
+            geo = statistics.geometric_mean(got) if got else None
+            cells.append(f"{by_round:<34} {_x(worst):>6} {_x(geo):>6}")
         rate = "trace" if row["rate"] is None else f"{row['rate']:g}"
         lines.append(f"{row['policy']:<26} {rate:>6} | " + " | ".join(cells))
     return "\n".join(lines)

@@ -35,7 +35,7 @@ def _run(policy, start, wall, tok_s, jct, rate=1.0):
 def test_a_drifting_machine_moves_the_reference_with_it():
     # The machine slows by 20% over the comparison; the policy keeps pace with FCFS in the
     # first round and makes 10% more in the second. Against the first FCFS run alone the
-    # second round would read 0.88x.
+    # second round would read 0.94x, a loss.
     runs = [_run("fcfs", 0, 10, 100.0, 10.0), _run("mlfq", 10, 10, 95.0, 10.5),
             _run("fcfs", 20, 10, 90.0, 11.0), _run("mlfq", 30, 10, 0.85 * 110, 11.5),
             _run("fcfs", 40, 10, 80.0, 12.0), _run("mlfq", 0, 1, 50.0, 1.0, rate=2.0)]
