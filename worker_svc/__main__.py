@@ -31,6 +31,7 @@ import threading
 from fastserve.metrics_endpoint import DEFAULT_HOST, HOST_HELP
 from fastserve.models import DEFAULT_MODEL
 from fastserve.tls import add_tls_args, check_plaintext, tls_from_args
+from worker_svc.loops import LOOP_NGRAM
 
 SHUTDOWN_GRACE_S = 5.0
 
@@ -74,6 +75,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="auto",
         help="output-length predictor artifact: auto (the one `fastserve predictor train` "
         "cached for this model, if any), none, or a path",
+    )
+    p.add_argument(
+        "--loop-ngram",
+        type=int,
+        default=LOOP_NGRAM,
+        metavar="N",
+        help="the predictor calls an answer whose last N tokens occur earlier in it a loop "
+        f"that runs to its cap (default {LOOP_NGRAM}; 0: never)",
     )
     p.add_argument(
         "--profile-at-start",
@@ -176,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             kvstore=args.kvstore,
             kvstore_client_id=args.kvstore_client_id or f"{socket.gethostname()}:{os.getpid()}",
             predictor=args.predictor,
+            loop_ngram=args.loop_ngram,
             kvstore_tls=tls,
             group=layout,
             threads=args.threads,

@@ -103,15 +103,17 @@ class Probe(Protocol):
     """Reads hidden states at sampled rows: the output-length predictor, or a recorder of
     training data. ``layers`` are the decoder layers it reads; ``wants(g)`` says whether a job
     that has just sampled its g-th output token is observed; ``observe`` returns one predicted
-    remaining length per observed row (or None per row for a recorder)."""
+    remaining length per observed row (or None per row for a recorder); ``outputs`` are the
+    rows' output tokens known so far."""
 
     layers: tuple[int, ...]
 
     def wants(self, num_generated: int) -> bool: ...
 
     def observe(self, hidden: dict[int, torch.Tensor], job_ids: Sequence[int],
-                prompt_lens: Sequence[int],
-                generated: Sequence[int]) -> Sequence[float | None]: ...
+                prompt_lens: Sequence[int], generated: Sequence[int],
+                outputs: Sequence[Sequence[int]] | None = None
+                ) -> Sequence[float | None]: ...
 
 
 @dataclass
@@ -545,7 +547,8 @@ class Engine:
         try:
             values = self.probe.observe(hidden, [j.job_id for j in jobs],
                                         [j.num_prompt_tokens for j in jobs],
-                                        [j.num_generated + pending for j in jobs])
+                                        [j.num_generated + pending for j in jobs],
+                                        [j.token_ids[j.num_prompt_tokens:] for j in jobs])
         except Exception:  # a broken probe costs predictions, never tokens
             log.exception("the output-length probe failed; this step has no predictions")
             return {}

@@ -13,6 +13,7 @@ from fastserve.tls import Tls
 from worker_svc.checkpoint import read_rank_weights
 from worker_svc.engine import Engine
 from worker_svc.kv_pool import KVPool, KVPoolConfig
+from worker_svc.loops import LOOP_NGRAM
 from worker_svc.model.config import ModelSpec, rope_tables
 from worker_svc.model.linear import KERNELS
 from worker_svc.model.llama import LlamaModel
@@ -51,6 +52,9 @@ class EngineConfig:
     # Output-length predictor: "auto" (this model's cached artifact, if trained), "none", or
     # an artifact path (which must exist).
     predictor: str = "auto"
+    # Repeated tokens after which the predictor calls an answer a loop that runs to its cap
+    # (``worker_svc.predictor.loops``); 0: never.
+    loop_ngram: int = LOOP_NGRAM
     # This process's place in a tensor-parallel group (one rank of one by default).
     group: GroupLayout = field(default_factory=GroupLayout)
     # PyTorch's intra-op threads on this process (None: PyTorch's default, one per core).
@@ -71,6 +75,9 @@ class EngineConfig:
             )
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.loop_ngram < 0:
+            raise ValueError(f"loop_ngram must be >= 0 (0: no loop check), got "
+                             f"{self.loop_ngram}")
 
 
 @dataclass
@@ -99,7 +106,8 @@ def load_predictor(cfg: EngineConfig, model_path: str, spec: ModelSpec,
         if not path.is_file():
             raise ValueError(f"predictor: {path} does not exist")
     try:
-        predictor = LengthPredictor.load(path, spec.hidden_size, spec.num_layers, device)
+        predictor = LengthPredictor.load(path, spec.hidden_size, spec.num_layers, device,
+                                         cfg.loop_ngram)
     except (ValueError, KeyError, RuntimeError) as e:
         raise ValueError(f"predictor {path}: {e}") from e
     held = predictor.info.get("held_out", {}).get("first_token", {})
@@ -107,6 +115,8 @@ def load_predictor(cfg: EngineConfig, model_path: str, spec: ModelSpec,
     if held:
         desc += (f"; held-out MAE {held['mae_tokens']:.0f} tokens, Spearman "
                  f"{held['spearman']:.2f}")
+    if cfg.loop_ngram:
+        desc += f"; a loop after {cfg.loop_ngram} repeated tokens"
     log.info("output-length predictor %s", desc + ")")
     return predictor, desc + ")"
 

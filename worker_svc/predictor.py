@@ -10,6 +10,9 @@ The artifact is made offline per model by ``fastserve predictor train`` and cach
 model (``artifact_path``); ``features`` is shared with the trainer, so the probe sees what it
 was trained on.
 
+An answer that loops (``worker_svc.loops``: its last ``loop_ngram`` tokens occur earlier in
+it) is predicted ``inf``, "to the cap", which the scheduler bounds by the job's own cap.
+
 | artifact key      | meaning                                                       |
 |-------------------|---------------------------------------------------------------|
 | ``layer``         | decoder layer whose output is read (0-based)                  |
@@ -23,12 +26,15 @@ was trained on.
 from __future__ import annotations
 
 import hashlib
+import math
 import pathlib
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from worker_svc.loops import LOOP_NGRAM, loops
 
 FORMAT = 1
 
@@ -79,7 +85,7 @@ class LengthPredictor:
     """Predicts each sampled job's remaining output tokens (see the module doc)."""
 
     def __init__(self, artifact: dict[str, Any], hidden_size: int, num_layers: int,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", loop_ngram: int = LOOP_NGRAM):
         if artifact.get("format") != FORMAT:
             raise ValueError(f"predictor artifact format {artifact.get('format')!r}; this "
                              f"worker reads format {FORMAT} (retrain: fastserve predictor train)")
@@ -92,6 +98,9 @@ class LengthPredictor:
         self.layer = layer
         self.layers: tuple[int, ...] = (layer,)
         self.refresh = int(artifact["refresh"])
+        if loop_ngram < 0:
+            raise ValueError(f"loop_ngram must be >= 0 (0: no loop check), got {loop_ngram}")
+        self.loop_ngram = loop_ngram
         self.info = dict(artifact.get("info", {}))
         dev = torch.device(device)
         self._mean = artifact["mean"].to(dev, torch.float32)
@@ -103,9 +112,10 @@ class LengthPredictor:
 
     @classmethod
     def load(cls, path: str | pathlib.Path, hidden_size: int, num_layers: int,
-             device: torch.device | str = "cpu") -> LengthPredictor:
+             device: torch.device | str = "cpu", loop_ngram: int = LOOP_NGRAM
+             ) -> LengthPredictor:
         artifact = torch.load(path, map_location="cpu", weights_only=True)
-        return cls(artifact, hidden_size, num_layers, device)
+        return cls(artifact, hidden_size, num_layers, device, loop_ngram)
 
     def wants(self, num_generated: int) -> bool:
         return wanted(num_generated, self.refresh)
@@ -116,7 +126,13 @@ class LengthPredictor:
         return (F.gelu(f @ self._w1 + self._b1) @ self._w2 + self._b2).squeeze(1)
 
     def observe(self, hidden: dict[int, torch.Tensor], job_ids: Sequence[int],
-                prompt_lens: Sequence[int], generated: Sequence[int]) -> list[float]:
-        """Predicted remaining output tokens for the rows of ``hidden[self.layer]``."""
+                prompt_lens: Sequence[int], generated: Sequence[int],
+                outputs: Sequence[Sequence[int]] | None = None) -> list[float]:
+        """Predicted remaining output tokens for the rows of ``hidden[self.layer]``; ``inf``
+        for a row whose output so far (``outputs``, when given) loops."""
         feats = features(hidden[self.layer], prompt_lens, generated)
-        return torch.expm1(self.log_remaining(feats)).clamp_min(0.0).tolist()
+        values: list[float] = torch.expm1(self.log_remaining(feats)).clamp_min(0.0).tolist()
+        if outputs is None or not self.loop_ngram:
+            return values
+        n = self.loop_ngram
+        return [math.inf if loops(out, n) else v for v, out in zip(values, outputs)]

@@ -52,6 +52,7 @@ from fastserve.bench.rounds import bracketed, format_bracketed, schedule
 from fastserve.bench.run_profile import RunProfile, format_profiles
 from fastserve.ports import free_port
 from fastserve.traces import describe
+from worker_svc.loops import LOOP_NGRAM
 
 DEFAULT_OUT_DIR = "bench-compare"
 # --loads: the capacity run sends the workload at this rate (requests/s), far above what any
@@ -127,6 +128,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kvstore-budget", default="2GiB",
                    help="host memory of the KV store started beside the worker")
     p.add_argument("--no-kvstore", action="store_true", help="start no KV store")
+    p.add_argument("--loop-ngram", type=int, default=LOOP_NGRAM, metavar="N",
+                   help="the worker's predictor calls an answer whose last N tokens occur "
+                   f"earlier in it a loop that runs to its cap (default {LOOP_NGRAM}; 0: never)")
     p.add_argument("--scheduler-args", default="",
                    help="extra arguments for every scheduler, e.g. \"--starve-limit 1\"")
     p.add_argument("--fresh-worker", action="store_true",
@@ -162,7 +166,7 @@ class _Cluster:
             log_level="WARNING",
             host="127.0.0.1", port=0, policy=policy, max_batch_size=a.max_batch_size,
             max_waiting=self.max_waiting, kv_policy=kv_policy,
-            kvstore_budget=a.kvstore_budget)
+            kvstore_budget=a.kvstore_budget, loop_ngram=a.loop_ngram)
 
     def start(self, policy: str, kv_policy: str | None = None) -> str:
         """A scheduler with ``policy`` (and the store and worker if they are not running);
@@ -450,7 +454,7 @@ def _config(args: argparse.Namespace, rate: float | None, model: str, cluster: _
             "block_size": args.block_size, "max_batch_size": args.max_batch_size,
             "max_waiting": cluster.max_waiting, "scheduler_args": args.scheduler_args,
             "kvstore": None if args.no_kvstore else args.kvstore_budget,
-            "fresh_worker": args.fresh_worker, "server": status}
+            "fresh_worker": args.fresh_worker, "loop_ngram": args.loop_ngram, "server": status}
 
 
 def _plots(args: argparse.Namespace, out_dir: pathlib.Path, rates: list[float | None],

@@ -56,7 +56,8 @@ class Recorder:
         return wanted(num_generated, self.refresh)
 
     def observe(self, hidden: dict[int, torch.Tensor], job_ids: Sequence[int],
-                prompt_lens: Sequence[int], generated: Sequence[int]) -> list[None]:
+                prompt_lens: Sequence[int], generated: Sequence[int],
+                outputs: Sequence[Sequence[int]] | None = None) -> list[None]:
         rows = {layer: features(h, prompt_lens, generated).cpu() for layer, h in hidden.items()}
         for r, (jid, g) in enumerate(zip(job_ids, generated)):
             self.pending.setdefault(jid, []).append((g, {k: v[r] for k, v in rows.items()}))

@@ -302,3 +302,21 @@ def test_steady_iterations_is_how_long_the_batch_stays_first_and_in_order(seed):
     for job, (out, computed) in zip(batch, made):
         job.output, job.kv.num_computed = out, computed
     assert k == expected
+
+
+def test_a_prediction_to_the_cap_is_bounded_by_the_job_s_own_cap():
+    """The worker predicts ``inf`` for an answer that loops; across the wire (a float) and into
+    the core it becomes the job's cap, and the job ranks by what it has left to make."""
+    from scheduler_svc.core.group import GroupCore
+    from scheduler_svc.wire import result_from_proto
+    from worker_svc.engine import JobResult, StepOutcome
+    from worker_svc.wire import step_outcome_to_proto
+
+    msg = step_outcome_to_proto(StepOutcome(results=[JobResult(3, 9, 42, -0.1, float("inf"))]),
+                                step_id=1, num_used_blocks=1, num_free_blocks=0)
+    (r,) = result_from_proto(msg).results
+    assert r.predicted_remaining == float("inf")
+    job = make_job(3, max_tokens=100)
+    job.output = [42] * 30
+    GroupCore._predicted(job, r.predicted_remaining)
+    assert job.predicted_output_tokens == 100.0 and Predictive.remaining(job) == 70.0

@@ -202,7 +202,7 @@ def test_hidden_at_is_what_the_prefill_probes_read(make, tiny_llama_dir, tmp_pat
         def wants(self, g):
             return True
 
-        def observe(self, hidden, job_ids, prompt_lens, generated):
+        def observe(self, hidden, job_ids, prompt_lens, generated, outputs=None):
             seen.update({(j, layer): h[i] for layer, h in hidden.items()
                          for i, j in enumerate(job_ids)})
             return [None] * len(job_ids)

@@ -98,7 +98,7 @@ def test_probe_reads_the_residual_stream_of_its_layer(engine):
         def wants(self, g):
             return True
 
-        def observe(self, hidden, job_ids, prompt_lens, generated):
+        def observe(self, hidden, job_ids, prompt_lens, generated, outputs=None):
             seen.update(hidden=hidden, lens=list(prompt_lens), gen=list(generated))
             return [None] * len(job_ids)
 
@@ -204,3 +204,40 @@ def test_several_answers_per_prompt_are_labelled_with_their_prompt(engine):
     for wrong in (answer_sampling(3, 2, 1.0, 1.0, 5)[:5], []):  # not a whole number per prompt
         with pytest.raises(ValueError, match="one sampling per answer"):
             collect_answers(engine, prompts, sampling=wrong, **kwargs)
+
+
+def test_an_answer_that_loops_is_predicted_to_run_to_its_cap(engine):
+    """The engine hands the probe each row's output so far; a row whose last ``loop_ngram``
+    tokens came before is predicted ``inf`` (the scheduler bounds it by the cap), the others
+    the MLP's value; ``loop_ngram`` 0 never flags."""
+    seen = []
+
+    class Spy:
+        layers = (1,)
+
+        def wants(self, g):
+            return True
+
+        def observe(self, hidden, job_ids, prompt_lens, generated, outputs=None):
+            seen.append([list(o) for o in outputs])
+            return [None] * len(job_ids)
+
+    engine.probe = Spy()
+    try:
+        results = _run(engine, _prompt(12, 5), 6)
+    finally:
+        engine.probe = None
+    tokens = [r.token_id for r in results]
+    assert seen == [[tokens[:g]] for g in range(1, 7)]  # what it had made when sampled
+
+    p = LengthPredictor(_artifact(refresh=1), HIDDEN, 2, loop_ngram=3)
+    hidden = {1: torch.zeros(3, HIDDEN)}
+    outputs = [[4, 8, 15, 16], [4, 8, 15, 4, 8, 15], [9, 9, 9, 9]]
+    plain = p.observe(hidden, [0, 1, 2], [5, 5, 5], [4, 6, 4])  # no outputs: the MLP alone
+    assert all(15 < v < 25 for v in plain)
+    assert p.observe(hidden, [0, 1, 2], [5, 5, 5], [4, 6, 4], outputs) == [
+        plain[0], float("inf"), float("inf")]
+    off = LengthPredictor(_artifact(refresh=1), HIDDEN, 2, loop_ngram=0)
+    assert off.observe(hidden, [0, 1, 2], [5, 5, 5], [4, 6, 4], outputs) == plain
+    with pytest.raises(ValueError, match="loop_ngram"):
+        LengthPredictor(_artifact(), HIDDEN, 2, loop_ngram=-1)
