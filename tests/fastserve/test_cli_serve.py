@@ -170,6 +170,9 @@ def test_replicas_get_consecutive_ports_and_metrics_ports_clear_of_the_store():
     assert [c[c.index("--listen") + 1] for c in ports] == [
         "127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"]
     assert [c[c.index("--metrics-port") + 1] for c in ports] == ["9401", "9403", "9404"]
+    assert {c[c.index("--loop-ngram") + 1] for c in ports} == {"32"}
+    args = build_parser().parse_args(["serve", "--loop-ngram", "0"])
+    assert cli_serve.worker_command(args)[-2:] == ["--loop-ngram", "0"]
 
 
 def test_a_group_is_t_x_p_ranks_and_only_rank_0_serves(monkeypatch):

@@ -59,6 +59,7 @@ def test_predictions_reach_final_status_and_metrics(predicting_cluster):
     status = stub.Status(spb.StatusRequest(), timeout=10)
     w = status.workers[0]
     assert w.predictor.startswith("predictor.pt (layer 1")
+    assert w.predictor.endswith("a loop after 32 repeated tokens)")  # the worker's default
     assert w.num_predicted == 1 and w.prediction_mae_tokens == pytest.approx(10.0, abs=1e-3)
     from fastserve.cli_client import format_status
     from fastserve.client import Client

@@ -4,7 +4,8 @@ For the loop study (``docs/benchmarks.md``, "Answers that loop"): each prompt is
 in-process engine with the default model's shipped predictor as its probe, at the serving
 settings (temperature 0.2, top-p 0.9, cap 512, one seed per prompt), and for each answer the
 script keeps its output tokens, why it ended (end-of-sequence or the cap) and the probe's
-estimate of the tokens still to come at each refresh (after 1, 17, 33, ... tokens).
+estimate of the tokens still to come at each refresh (after 1, 17, 33, ... tokens), without
+the worker's loop check (``analyze.py`` applies it).
 
 Usage (from the repository root; about 3 minutes per 96 prompts on 2 cores):
     python docs/bench-predictive/loops/collect.py --split train --limit 96 --out train.json
@@ -56,7 +57,9 @@ def main() -> None:
     spec = loaded.spec
     artifact = find_artifact(resolve_model("SmolLM2-135M-Instruct"))
     assert artifact is not None, "no predictor for the default model"
-    engine.probe = LengthPredictor.load(artifact, spec.hidden_size, spec.num_layers)
+    # The probe's own estimates: the loop check is what analyze.py adds.
+    engine.probe = LengthPredictor.load(artifact, spec.hidden_size, spec.num_layers,
+                                        loop_ngram=0)
     bs = engine.pool.block_size
     free = list(range(engine.pool.config.num_blocks))
     queue = list(range(len(prompts)))[::-1]
