@@ -3,7 +3,7 @@
 # natural lengths, batch 8, a fresh worker per run), `fcfs,predictive` with the worker's loop
 # check on (--loop-ngram 32, the default) and off (0), alternated twice; the rate is 0.85 of
 # the capacity the first command measures. Each command's own FCFS run is the reference.
-# Usage: bash docs/bench-predictive/loops/run.sh   (~35 minutes on 2 cores)
+# Usage: bash docs/bench-predictive/loops/run.sh   (~27 minutes on 2 cores)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../../.."
 export PATH="$PWD/.venv/bin:$PATH"
