@@ -37,7 +37,7 @@ from fastserve.metrics_endpoint import DEFAULT_HOST, HOST_HELP
 from fastserve.ports import free_port
 from fastserve.tls import CA_FILE, cert_files, make_local_ca
 from scheduler_svc.config_args import add_config_args, config_argv, config_from_args
-from worker_svc.loops import LOOP_NGRAM
+from worker_svc.loops import LOOP_HELP, LOOP_NGRAM, ngram_arg
 
 KVSTORE_READY = "kvstore listening on "
 WORKER_READY = "worker listening on "
@@ -126,9 +126,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--predictor", default="auto",
                    help="the worker's output-length predictor: auto (the artifact `fastserve "
                    "predictor train` cached for the model, if any), none, or a path")
-    p.add_argument("--loop-ngram", type=int, default=LOOP_NGRAM, metavar="N",
-                   help="the predictor calls an answer whose last N tokens occur earlier in it "
-                   f"a loop that runs to its cap (default {LOOP_NGRAM}; 0: never)")
+    p.add_argument("--loop-ngram", type=ngram_arg, default=LOOP_NGRAM, metavar="N",
+                   help=LOOP_HELP)
     p.add_argument("--reserve-cpus", type=int, default=0, metavar="N",
                    help="keep the first N of this machine's cores for the scheduler, the KV "
                    "store and the HTTP API, and give each worker process a slice of the rest "

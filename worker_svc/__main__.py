@@ -31,7 +31,7 @@ import threading
 from fastserve.metrics_endpoint import DEFAULT_HOST, HOST_HELP
 from fastserve.models import DEFAULT_MODEL
 from fastserve.tls import add_tls_args, check_plaintext, tls_from_args
-from worker_svc.loops import LOOP_NGRAM
+from worker_svc.loops import LOOP_HELP, LOOP_NGRAM, ngram_arg
 
 SHUTDOWN_GRACE_S = 5.0
 
@@ -76,14 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="output-length predictor artifact: auto (the one `fastserve predictor train` "
         "cached for this model, if any), none, or a path",
     )
-    p.add_argument(
-        "--loop-ngram",
-        type=int,
-        default=LOOP_NGRAM,
-        metavar="N",
-        help="the predictor calls an answer whose last N tokens occur earlier in it a loop "
-        f"that runs to its cap (default {LOOP_NGRAM}; 0: never)",
-    )
+    p.add_argument("--loop-ngram", type=ngram_arg, default=LOOP_NGRAM, metavar="N",
+                   help=LOOP_HELP)
     p.add_argument(
         "--profile-at-start",
         action="store_true",

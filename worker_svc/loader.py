@@ -53,7 +53,7 @@ class EngineConfig:
     # an artifact path (which must exist).
     predictor: str = "auto"
     # Repeated tokens after which the predictor calls an answer a loop that runs to its cap
-    # (``worker_svc.predictor.loops``); 0: never.
+    # (``worker_svc.loops``); 0: never.
     loop_ngram: int = LOOP_NGRAM
     # This process's place in a tensor-parallel group (one rank of one by default).
     group: GroupLayout = field(default_factory=GroupLayout)

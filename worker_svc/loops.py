@@ -10,12 +10,28 @@ the default.
 
 from __future__ import annotations
 
+import argparse
 from array import array
 from collections.abc import Sequence
 
 # Repeated tokens that flag an answer as looping, chosen on the training prompts' answers:
 # fewer flag long answers that end on their own, more flag loops later.
 LOOP_NGRAM = 32
+# ``--loop-ngram`` of the worker, ``fastserve serve`` and ``bench compare``.
+LOOP_HELP = ("the output-length predictor calls an answer whose last N tokens occur earlier in "
+             f"it a loop that runs to its cap (default {LOOP_NGRAM}; 0: never)")
+
+
+def ngram_arg(text: str) -> int:
+    """``--loop-ngram``'s value: a whole number, at least 0."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"--loop-ngram must be a whole number >= 0 (0: no "
+                                         f"loop check), got {text!r}")
+    return n
 
 
 def loops(output: Sequence[int], n: int) -> bool:

@@ -52,7 +52,7 @@ from fastserve.bench.rounds import bracketed, format_bracketed, schedule
 from fastserve.bench.run_profile import RunProfile, format_profiles
 from fastserve.ports import free_port
 from fastserve.traces import describe
-from worker_svc.loops import LOOP_NGRAM
+from worker_svc.loops import LOOP_HELP, LOOP_NGRAM, ngram_arg
 
 DEFAULT_OUT_DIR = "bench-compare"
 # --loads: the capacity run sends the workload at this rate (requests/s), far above what any
@@ -128,9 +128,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kvstore-budget", default="2GiB",
                    help="host memory of the KV store started beside the worker")
     p.add_argument("--no-kvstore", action="store_true", help="start no KV store")
-    p.add_argument("--loop-ngram", type=int, default=LOOP_NGRAM, metavar="N",
-                   help="the worker's predictor calls an answer whose last N tokens occur "
-                   f"earlier in it a loop that runs to its cap (default {LOOP_NGRAM}; 0: never)")
+    p.add_argument("--loop-ngram", type=ngram_arg, default=LOOP_NGRAM, metavar="N",
+                   help=f"the worker's --loop-ngram: {LOOP_HELP}")
     p.add_argument("--scheduler-args", default="",
                    help="extra arguments for every scheduler, e.g. \"--starve-limit 1\"")
     p.add_argument("--fresh-worker", action="store_true",

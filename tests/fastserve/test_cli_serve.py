@@ -173,6 +173,9 @@ def test_replicas_get_consecutive_ports_and_metrics_ports_clear_of_the_store():
     assert {c[c.index("--loop-ngram") + 1] for c in ports} == {"32"}
     args = build_parser().parse_args(["serve", "--loop-ngram", "0"])
     assert cli_serve.worker_command(args)[-2:] == ["--loop-ngram", "0"]
+    for bad in ("-1", "x"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["serve", "--loop-ngram", bad])
 
 
 def test_a_group_is_t_x_p_ranks_and_only_rank_0_serves(monkeypatch):

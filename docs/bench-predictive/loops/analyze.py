@@ -22,8 +22,8 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3]))
 
-from fastserve.predictor.rank import spearman  # noqa: E402
-from worker_svc.loops import loops  # noqa: E402
+from fastserve.predictor.rank import spearman
+from worker_svc.loops import loops
 
 
 def main() -> None:
