@@ -2,11 +2,13 @@
 # The last pairs of the 1.5x matrix the rounds had not covered: predictive and the oracle under
 # proactive, two rounds with FCFS before and after every run, at run4.sh's rate (1.5x the
 # capacity it measured on the same machine).
-# Usage: nohup bash docs/bench-predictive/overload_all/rounds/run5.sh &   (~17 minutes)
+# Usage: nohup bash docs/bench-predictive/overload_all/rounds/run5.sh [OUT] &   (~14 minutes)
 set -u
 source "$(dirname "$0")/common.sh"
 rate=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['loads']['1.5'])" \
   $D/ranked-recompute-defer/capacity.json)
+# OUT (default ranked-proactive): run it again into another folder for two more rounds.
+out=${1:-ranked-proactive}
 fastserve bench compare --policies fcfs,predictive,srpt-oracle --kv-policies proactive \
-  --rates "$rate" "${common[@]}" --out-dir $D/ranked-proactive > $D/ranked-proactive.log 2>&1
-echo finished >> $D/ranked-proactive.log
+  --rates "$rate" "${common[@]}" --out-dir $D/$out > $D/$out.log 2>&1
+echo finished >> $D/$out.log
