@@ -165,7 +165,7 @@ class _Cluster:
             log_level="WARNING",
             host="127.0.0.1", port=0, policy=policy, max_batch_size=a.max_batch_size,
             max_waiting=self.max_waiting, kv_policy=kv_policy,
-            kvstore_budget=a.kvstore_budget, loop_ngram=a.loop_ngram)
+            kvstore_budget=a.kvstore_budget, loop_ngram=getattr(a, "loop_ngram", LOOP_NGRAM))
 
     def start(self, policy: str, kv_policy: str | None = None) -> str:
         """A scheduler with ``policy`` (and the store and worker if they are not running);
@@ -453,7 +453,8 @@ def _config(args: argparse.Namespace, rate: float | None, model: str, cluster: _
             "block_size": args.block_size, "max_batch_size": args.max_batch_size,
             "max_waiting": cluster.max_waiting, "scheduler_args": args.scheduler_args,
             "kvstore": None if args.no_kvstore else args.kvstore_budget,
-            "fresh_worker": args.fresh_worker, "loop_ngram": args.loop_ngram, "server": status}
+            "fresh_worker": args.fresh_worker,
+            "loop_ngram": getattr(args, "loop_ngram", LOOP_NGRAM), "server": status}
 
 
 def _plots(args: argparse.Namespace, out_dir: pathlib.Path, rates: list[float | None],
