@@ -453,8 +453,7 @@ def _config(args: argparse.Namespace, rate: float | None, model: str, cluster: _
             "block_size": args.block_size, "max_batch_size": args.max_batch_size,
             "max_waiting": cluster.max_waiting, "scheduler_args": args.scheduler_args,
             "kvstore": None if args.no_kvstore else args.kvstore_budget,
-            "fresh_worker": args.fresh_worker,
-            "loop_ngram": getattr(args, "loop_ngram", LOOP_NGRAM), "server": status}
+            "fresh_worker": args.fresh_worker, "loop_ngram": args.loop_ngram, "server": status}
 
 
 def _plots(args: argparse.Namespace, out_dir: pathlib.Path, rates: list[float | None],

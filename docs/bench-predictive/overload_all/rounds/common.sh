@@ -1,6 +1,6 @@
-# Sourced by run.sh, run2.sh and run3.sh: the repository root as the working directory, the
-# venv's fastserve, the output folder, the workload of every run (last session's: 64 held-out
-# prompts, natural lengths, 400 device blocks, batch 8, two rounds), and the rate at a load.
+# Sourced by run.sh .. run5.sh: the repository root as the working directory, the venv's
+# fastserve, the output folder, the workload of every run (64 held-out prompts, natural
+# lengths, 400 device blocks, batch 8, two rounds), and the rate at a load.
 cd "$(dirname "${BASH_SOURCE[0]}")/../../../.."
 export PATH="$PWD/.venv/bin:$PATH"
 D=docs/bench-predictive/overload_all/rounds
@@ -8,8 +8,9 @@ common=(--max-batch-size 8 --fresh-worker --kv-blocks 400 --prompts docs/bench-p
         --num-requests 64 --max-tokens 512 --temperature 0.2 --top-p 0.9 --seed 2 --no-progress
         --rounds 2)
 
-# rate_at LOAD: LOAD x the capacity run.sh measured (req/s, rounded as --loads rounds it).
+# rate_at LOAD [RUN]: LOAD x the capacity the --loads command writing $D/RUN measured
+# (default reactive, run.sh's), in req/s, rounded as --loads rounds it.
 rate_at() {
   python -c "import json, sys; print(round(float(sys.argv[2]) * json.load(open(sys.argv[1]))['capacity_req_s'], 4))" \
-    $D/reactive/capacity.json "$1"
+    "$D/${2:-reactive}/capacity.json" "$1"
 }

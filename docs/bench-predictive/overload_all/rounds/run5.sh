@@ -5,10 +5,8 @@
 # Usage: nohup bash docs/bench-predictive/overload_all/rounds/run5.sh [OUT] &   (~14 minutes)
 set -u
 source "$(dirname "$0")/common.sh"
-rate=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['loads']['1.5'])" \
-  $D/ranked-recompute-defer/capacity.json)
 # OUT (default ranked-proactive): run it again into another folder for two more rounds.
 out=${1:-ranked-proactive}
 fastserve bench compare --policies fcfs,predictive,srpt-oracle --kv-policies proactive \
-  --rates "$rate" "${common[@]}" --out-dir $D/$out > $D/$out.log 2>&1
+  --rates "$(rate_at 1.5 ranked-recompute-defer)" "${common[@]}" --out-dir $D/$out > $D/$out.log 2>&1
 echo finished >> $D/$out.log
