@@ -58,6 +58,11 @@ class SchedulerConfig:
         "this) before it is promoted, so the wait a wrong guess can cost grows with the job's "
         "predicted size; lower lets long jobs wait longer behind short ones (a lower mean "
         "latency under bursts, a longer tail), higher brings the MLFQ's fixed limit nearer")
+    priority_aging_s: float = setting(
+        100.0, "fixed-priority: seconds of waiting worth halving a prompt: a job that arrives "
+        "t seconds after another goes first only with a prompt under 2^-(t / this) times as "
+        "long, so under overload long prompts do not wait behind every shorter one that "
+        "comes later and end up in a drain few to a batch; 0: pure shortest prompt first")
     displace_running_ratio: float = setting(
         8.0, "predictive, srpt-oracle: a new job ranked first that finds no free blocks may "
         "take them from a started job ranked below it even when that job would run in this "
@@ -131,6 +136,7 @@ class SchedulerConfig:
               "> 0 (or unset)")
         check("starve_limit_s", self.starve_limit_s > 0, "> 0")
         check("starve_tokens", self.starve_tokens > 0, "> 0")
+        check("priority_aging_s", self.priority_aging_s >= 0, ">= 0")
         check("displace_running_ratio", self.displace_running_ratio >= 0, ">= 0")
         check("kv_policy", self.kv_policy in KV_POLICIES, f"one of {', '.join(KV_POLICIES)}")
         check("kv_headroom_window_s", self.kv_headroom_window_s >= 0, ">= 0")

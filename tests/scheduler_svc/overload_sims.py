@@ -29,11 +29,12 @@ print(json.dumps(figures(**json.loads(sys.argv[2]))))
 
 def figures(trace: str, rate: float, n: int, runs: list[list[str]]
             ) -> dict[str, dict[str, float]]:
-    """Each ``[policy, kv_policy]`` of ``runs`` on the first ``n`` requests of a shared trace
+    """Each ``[policy, kv_policy]`` of ``runs`` (or ``[policy, kv_policy, {setting: value}]``,
+    other scheduler settings) on the first ``n`` requests of a shared trace
     at ``rate``, at the published scale
     (OPT-13B/A100, batch 16, 4,096 blocks, a 40,000-block store; `predictive` at prediction
     sigma 0.75): its tokens/s, makespan, swap-outs, recomputes and swap wait, keyed
-    ``policy+kv_policy``."""
+    ``policy+kv_policy`` (``+setting=value`` for each setting, sorted)."""
     from fastserve.traces import load_trace
     from scheduler_svc.core.config import SchedulerConfig
     from scheduler_svc.core.cost_model import OPT_13B_A100
@@ -41,20 +42,22 @@ def figures(trace: str, rate: float, n: int, runs: list[list[str]]
 
     reqs = load_trace(str(SHARED_TRACES / trace), rate=rate, num_requests=n, seed=0)
     out = {}
-    for policy, kv in runs:
+    for policy, kv, *more in runs:
+        settings = more[0] if more else {}
         r = simulate(reqs, config=SchedulerConfig(policy=policy, kv_policy=kv,
-                                                  max_batch_size=16),
+                                                  max_batch_size=16, **settings),
                      cost_model=OPT_13B_A100, num_blocks=4096, store_blocks=40000,
                      prediction_sigma=0.75 if policy == "predictive" else None)
         s = r.summary()
-        out[f"{policy}+{kv}"] = {
+        out["+".join([policy, kv, *(f"{k}={v}" for k, v in sorted(settings.items()))])] = {
             "tokens_s": s["throughput_tokens_s"], "makespan_s": s["makespan_s"],
+            "mean_jct_s": s["mean_jct_s"],
             "swap_outs": r.num_swap_outs, "recomputes": r.num_recomputes,
             "swap_wait_s": r.swap_wait_s}
     return out
 
 
-def overloaded(trace: str, rate: float, n: int, runs: list[tuple[str, str]]
+def overloaded(trace: str, rate: float, n: int, runs: list[tuple]
                ) -> dict[str, dict[str, float]]:
     """``figures`` in a process of its own, on the compiled core."""
     spec = {"trace": trace, "rate": rate, "n": n, "runs": [list(r) for r in runs]}

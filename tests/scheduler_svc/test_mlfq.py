@@ -9,6 +9,7 @@ from core_driver import LINEAR, iteration_cost, make_core, make_job, run_step
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.policies.mlfq import SkipJoinMLFQ
 
 
@@ -83,6 +84,33 @@ def test_fixed_priority_runs_shortest_prompt_first():
         core.add(make_job(i, prompt_len=n, max_tokens=1), 0.0)
     order = [run_step(core, t)[0].commands[0].job_id for t in range(3)]
     assert order == [1, 2, 0]
+
+
+@pytest.mark.parametrize("later, goes_first", [(0.5, True), (0.9, True), (1.1, False),
+                                                (3.0, False)])
+def test_fixed_priority_ages_a_prompt_by_its_arrival(later, goes_first):
+    # Aging 1 s: job 1, half as long as job 0, comes ``later`` s after it, and job 2, half as
+    # long again, ``later`` s after job 1. A job goes ahead of an earlier one only if it came
+    # within 1 s per halving: all of them or none.
+    core = make_core(policy="fixed-priority", max_batch_size=1, num_blocks=1024,
+                     priority_aging_s=1.0)
+    core.add(make_job(0, prompt_len=40, max_tokens=1, now=0.0), 0.0)
+    core.add(make_job(1, prompt_len=20, max_tokens=1, now=later), later)  # half as long
+    core.add(make_job(2, prompt_len=10, max_tokens=1, now=2 * later), 2 * later)  # a quarter
+    order = [run_step(core, 4.0 + t)[0].commands[0].job_id for t in range(3)]
+    assert order == ([2, 1, 0] if goes_first else [0, 1, 2])
+
+
+def test_fixed_priority_aging_off_is_shortest_prompt_first_whenever_they_came():
+    core = make_core(policy="fixed-priority", max_batch_size=1, num_blocks=1024)
+    core.add(make_job(0, prompt_len=40, max_tokens=1, now=0.0), 0.0)
+    core.add(make_job(1, prompt_len=39, max_tokens=1, now=1e6), 1e6)
+    assert run_step(core, 1e6)[0].commands[0].job_id == 1
+
+
+def test_priority_aging_must_not_be_negative():
+    with pytest.raises(ValueError, match="priority_aging_s must be >= 0"):
+        SchedulerConfig(priority_aging_s=-1.0)
 
 
 def test_srpt_oracle_runs_shortest_remaining_output_first():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from scheduler_svc.core.config import SchedulerConfig
@@ -54,12 +55,26 @@ class _SortedPolicy(Policy):
 
 
 class ShortestPromptFirst(_SortedPolicy):
-    """Fixed priority by input length: the shortest prompt runs first."""
+    """Fixed priority by input length: the shortest prompt runs first, aged by arrival.
+
+    With ``priority_aging_s`` = A > 0 the key is ``log2(prompt tokens) + arrival / A``: a job
+    that arrives t seconds after another goes ahead of it only with a prompt under
+    ``2^-(t / A)`` times as long. The key is still fixed when the job arrives (so the walk
+    passes queued jobs as before), but a long prompt no longer waits behind every shorter one
+    that comes after it: under overload, pure shortest-prompt-first left the longest prompts
+    for a finite trace's last drain, few to a batch (0.93-0.94x FCFS's tokens/s on ShareGPT
+    lengths at 1.5x and 3x capacity). A = 0 is pure shortest prompt first."""
 
     name = "fixed-priority"
 
+    def __init__(self, config: SchedulerConfig, cost_model: CostModel | None = None):
+        super().__init__(config, cost_model)
+        self._aging_s = config.priority_aging_s
+
     def key(self, job: Job) -> float:
-        return len(job.prompt)
+        if not self._aging_s:
+            return len(job.prompt)
+        return math.log2(max(len(job.prompt), 1)) + job.arrival_time / self._aging_s
 
     def steady_iterations(self, batch: list[Job], iteration_s: float,
                           starts: list[float]) -> int:

@@ -1,4 +1,4 @@
-# Sourced by run.sh .. run5.sh: the repository root as the working directory, the venv's
+# Sourced by run.sh .. run7.sh: the repository root as the working directory, the venv's
 # fastserve, the output folder, the workload of every run (64 held-out prompts, natural
 # lengths, 400 device blocks, batch 8, two rounds), and the rate at a load.
 cd "$(dirname "${BASH_SOURCE[0]}")/../../../.."
