@@ -102,7 +102,8 @@ def test_fixed_priority_ages_a_prompt_by_its_arrival(later, goes_first):
 
 
 def test_fixed_priority_aging_off_is_shortest_prompt_first_whenever_they_came():
-    core = make_core(policy="fixed-priority", max_batch_size=1, num_blocks=1024)
+    core = make_core(policy="fixed-priority", max_batch_size=1, num_blocks=1024,
+                     priority_aging_s=0.0)
     core.add(make_job(0, prompt_len=40, max_tokens=1, now=0.0), 0.0)
     core.add(make_job(1, prompt_len=39, max_tokens=1, now=1e6), 1e6)
     assert run_step(core, 1e6)[0].commands[0].job_id == 1
