@@ -63,6 +63,12 @@ class SchedulerConfig:
         "t seconds after another goes first only with a prompt under 2^-(t / this) times as "
         "long, so under overload long prompts do not wait behind every shorter one that "
         "comes later and end up in a drain few to a batch; 0: pure shortest prompt first")
+    predictive_aging_s: float = setting(
+        0.0, "predictive: seconds of waiting worth halving a job's predicted output left: a "
+        "job that arrives t seconds after another goes first only if predicted to have under "
+        "2^-(t / this) times as much left, which bounds how long later, shorter jobs keep "
+        "passing one (the tail), at some cost to the mean where predictions are good; its "
+        "scale is the cluster's (a few times one job's run); 0: off")
     displace_running_ratio: float = setting(
         8.0, "predictive, srpt-oracle: a new job ranked first that finds no free blocks may "
         "take them from a started job ranked below it even when that job would run in this "
@@ -137,6 +143,7 @@ class SchedulerConfig:
         check("starve_limit_s", self.starve_limit_s > 0, "> 0")
         check("starve_tokens", self.starve_tokens > 0, "> 0")
         check("priority_aging_s", self.priority_aging_s >= 0, ">= 0")
+        check("predictive_aging_s", self.predictive_aging_s >= 0, ">= 0")
         check("displace_running_ratio", self.displace_running_ratio >= 0, ">= 0")
         check("kv_policy", self.kv_policy in KV_POLICIES, f"one of {', '.join(KV_POLICIES)}")
         check("kv_headroom_window_s", self.kv_headroom_window_s >= 0, ">= 0")

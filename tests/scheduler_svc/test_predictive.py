@@ -269,18 +269,43 @@ def test_refreshed_errors_drawn_anew_follow_the_job_not_the_policy(predictions_s
             num_blocks=512, predictions=preds, prediction_refresh_corr=0.5)
 
 
+@pytest.mark.parametrize("later, passes", [(1.0, True), (1.2, True), (1.4, False),
+                                           (5.0, False)])
+def test_aged_a_job_passes_an_earlier_one_only_within_a_time_per_halving(later, passes):
+    # Aging 1 s: job 1, predicted 40 tokens, comes ``later`` s after job 0, predicted 100:
+    # log2(101 / 41) = 1.30 halvings, so it goes first only if it came within 1.30 s.
+    core = make_core(cost_model=LINEAR, policy="predictive", predictive_aging_s=1.0,
+                     starve_limit_s=1e6)
+    core.add(make_job(0, max_tokens=200, predicted_output_tokens=100.0, now=0.0), 0.0)
+    core.add(make_job(1, max_tokens=200, predicted_output_tokens=40.0, now=later), later)
+    assert [j.job_id for j in core.policy.order(later)] == ([1, 0] if passes else [0, 1])
+    plain = make_core(cost_model=LINEAR, policy="predictive", starve_limit_s=1e6)
+    plain.add(make_job(0, max_tokens=200, predicted_output_tokens=100.0, now=0.0), 0.0)
+    plain.add(make_job(1, max_tokens=200, predicted_output_tokens=40.0, now=later), later)
+    assert [j.job_id for j in plain.policy.order(later)] == [1, 0]  # off: SRPT, whenever
+
+
+def test_predictive_aging_must_not_be_negative():
+    with pytest.raises(ValueError, match="predictive_aging_s must be >= 0"):
+        SchedulerConfig(predictive_aging_s=-0.5)
+
+
+@pytest.mark.parametrize("aging", [0.0, 0.05])
 @pytest.mark.parametrize("seed", range(40))
-def test_steady_iterations_is_how_long_the_batch_stays_first_and_in_order(seed):
+def test_steady_iterations_is_how_long_the_batch_stays_first_and_in_order(seed, aging):
     """``steady_iterations`` (the simulator applies that many decodes of a repeatable plan's
     batch at once) against the walk itself, one token further each time: predictions under,
     at and past the tokens made, and none, so keys fall, jump and grow and cross each other
-    and the waiting jobs' keys."""
+    and the waiting jobs' keys; aged keys too, the jobs arriving apart."""
     rng = random.Random(seed)
     core = make_core(cost_model=LINEAR, policy="predictive", max_batch_size=3,
-                     num_blocks=256, max_context=1024, starve_limit_s=1e6)
+                     num_blocks=256, max_context=1024, starve_limit_s=1e6,
+                     predictive_aging_s=aging)
     for jid in range(6):
-        core.add(make_job(jid, prompt_len=2, max_tokens=500, predicted_output_tokens=rng.choice(
-            [None, float(rng.randint(1, 60)), rng.uniform(1, 60), rng.uniform(1, 60)])), 0.0)
+        at = rng.uniform(0, 0.3) if aging else 0.0
+        core.add(make_job(jid, prompt_len=2, max_tokens=500, now=at,
+                          predicted_output_tokens=rng.choice(
+            [None, float(rng.randint(1, 60)), rng.uniform(1, 60), rng.uniform(1, 60)])), at)
     steps = rng.randint(2, 40)
     for i in range(200):
         run_step(core, 0.01 * i)

@@ -11,10 +11,13 @@
 |             | with the same backoff, and a wait that grows with the job's predicted size)  |
 | ties        | less prefill left first (a job already running before a new one), then       |
 |             | arrival order: at equal remaining output, the oracle's own tie-break         |
+| aging       | off by default; with predictive_aging_s = A, a later job passes an earlier   |
+|             | one only if predicted to have under 2^-(t / A) times as much left, t s later |
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator
 
 from scheduler_svc.core.config import SchedulerConfig
@@ -47,6 +50,7 @@ class Predictive(Policy):
         self._ranked = Ranked(self._key)
         self.starvation = StarvationClock(config.starve_limit_s)
         self._starve_tokens = config.starve_tokens
+        self._aging_s = config.predictive_aging_s
 
     @classmethod
     def remaining(cls, job: Job) -> float:
@@ -71,17 +75,22 @@ class Predictive(Policy):
             return None
         return self.remaining(job)
 
-    @classmethod
-    def _key(cls, job: Job) -> Key:
-        return cls._key_at(job, len(job.output))
+    def _key(self, job: Job) -> Key:
+        return self._key_at(job, len(job.output))
 
-    @classmethod
-    def _key_at(cls, job: Job, made: int) -> Key:
+    def _key_at(self, job: Job, made: int) -> Key:
         """``job``'s key once it has made ``made`` tokens, its prediction and the tokens it
-        has yet to compute as now (a decode adds one to both its tokens and its KV)."""
+        has yet to compute as now (a decode adds one to both its tokens and its KV). Aged
+        (``predictive_aging_s`` = A > 0): ``log2(remaining + 1) + arrival / A``, the same
+        order among jobs that arrived together, and a job passes an earlier one only if
+        predicted to have under ``2^-(t / A)`` times as much left, t seconds later."""
         # The tie-break matters: with exact predictions it took the mean latency per token
         # from 179 to 142 ms (1,000 Azure conversations at 3 req/s), the oracle's figure.
-        return (cls._remaining(job.predicted_output_tokens, made), job.num_pending, job.job_id)
+        remaining = self._remaining(job.predicted_output_tokens, made)
+        if self._aging_s:
+            return (math.log2(remaining + 1.0) + job.arrival_time / self._aging_s,
+                    job.num_pending, job.job_id)
+        return (remaining, job.num_pending, job.job_id)
 
     def _touch(self, job: Job, now: float) -> None:
         self.starvation.touch(job.job_id, now, 1.0 + self.remaining(job) / self._starve_tokens)
