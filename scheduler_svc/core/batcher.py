@@ -248,6 +248,10 @@ class Batcher:
                 chosen.add(job.job_id)
                 budget -= n
         step.passed = (skip.passed if skip is not None else 0) + unfed
+        # No Step can make room by displacement (not only this one: a store coming back up
+        # would let new jobs push paused KV out).
+        step.passes_hold = (skip is not None and not kvp.drops
+                            and not (kvp.swaps and ledger.store_blocks))
         self.reserve.observe(started_short and len(commands) < max_batch
                              and policy.arrivals_preempt, step.iterations)
         plan.commands = sorted(commands, key=lambda c: rank[c.job_id])  # priority order
@@ -275,6 +279,15 @@ class Batcher:
             blocks += max(0, self.kv_policy.new_job_room(displaceable, step.iteration_s,
                                                          claimed) - claimed)
         return blocks * ledger.block_size
+
+    def pass_floor(self, arrivals_preempt: bool, max_batch: int, iterations: int) -> int:
+        """``_floor`` at the start of a walk with no displacement (no room from paused jobs),
+        for a Step formed after ``iterations`` iterations: nothing promised or claimed in
+        it yet, the start reserve as ``form`` would set it."""
+        ledger = self.ledger
+        reserve = (self.reserve.blocks(arrivals_preempt, max_batch, iterations)
+                   if ledger.holding else 0)
+        return (ledger.num_free - ledger.num_reserved() - reserve) * ledger.block_size
 
     def _grow_room(self, job: Job, space: Displacement | None) -> bool:
         """A started job at a block boundary finds none free: a lower-priority paused job

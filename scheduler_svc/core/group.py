@@ -69,10 +69,12 @@ class GroupCore:
         self._busy: set[int] = set()  # jobs in the plans in flight
         self.num_predicted = 0  # finished jobs with a first predicted length
         self._prediction_abs_error = 0.0  # summed |first prediction - output length|
-        # The last plan, when it could repeat unchanged (``steady.py``), and the jobs added
-        # since it was formed.
+        # The last plan, when it could repeat unchanged (``steady.py``), whether its walk
+        # passed jobs only by need against free blocks (``StepContext.passes_hold``), and the
+        # jobs added since it was formed.
         self.repeatable_plan: StepPlan | None = None
-        self.added_since_plan = 0
+        self.passes_hold = False
+        self.added_since_plan: list[Job] = []
         self._moves_at_plan = 0  # the policy's demotions and promotions when it was formed
         # Estimates at arrival: on when the worker answers probes and the policy ranks by
         # predictions (its loop, or the simulator, says); the jobs not yet estimated, oldest first.
@@ -100,7 +102,7 @@ class GroupCore:
         assert job.job_id not in self.jobs, f"duplicate job id {job.job_id}"
         assert job.num_tokens < self.max_context
         self.jobs[job.job_id] = job
-        self.added_since_plan += 1
+        self.added_since_plan.append(job)
         self._num_waiting += not job.started
         self._num_waiting_single += not job.started and len(job.prompt) == 1
         self._waiting_prompt_tokens += 0 if job.started else len(job.prompt)
@@ -232,7 +234,8 @@ class GroupCore:
             self._probe(plan, step.chosen)
         self.repeatable_plan = (plan if self.pipeline_depth == 1 and not self.kv.has_claims()
                                 and repeatable(plan, step) else None)
-        self.added_since_plan = 0
+        self.passes_hold = step.passes_hold
+        self.added_since_plan = []
         self._moves_at_plan = self.policy.num_demotions + self.policy.num_promotions
         if not (plan.commands or plan.free_job_ids or plan.swap_out or plan.swap_in
                 or plan.probes):
@@ -274,6 +277,13 @@ class GroupCore:
             budget -= n
             plan.probes.append(ArrivalProbe(job.job_id, job.prompt[-n:], len(job.prompt)))
             self.num_probes += 1
+
+    def pass_floor(self) -> int:
+        """The walk's floor (``WalkSkip``) as the next Step's walk would start, before its
+        batch takes blocks: the most it can be anywhere in that walk, and in the walks of a
+        run of decodes after it (they only use up free blocks; ``steady.window``)."""
+        return self.batcher.pass_floor(self.policy.arrivals_preempt, self._plan_batch(),
+                                       self.num_iterations)
 
     def _plan_batch(self) -> int:
         """Jobs one plan may take. With a pipeline, the live jobs are spread over its

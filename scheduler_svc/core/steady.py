@@ -10,29 +10,42 @@ job. A window ends before anything that could change the plan:
 |--------------------------------|---------------------------------|---------------------------|
 | a job finishes                 | the job (max_tokens, context)   | its tokens left           |
 | a job reaches a block boundary | the ledger                      | free blocks for each      |
-| an arrival                     | the caller (``next_arrival``)   | none during a window,     |
-|                                |                                 | unless it cannot enter (a |
+| an arrival                     | the caller (``next_arrival``,   | none during a window,     |
+|                                | ``arrival``)                    | unless it cannot enter (a |
 |                                |                                 | full batch, arrivals that |
-|                                |                                 | never outrank started ones)|
+|                                |                                 | never outrank started     |
+|                                |                                 | ones, or a prompt every   |
+|                                |                                 | walk passes for blocks)   |
 | a demotion, a promotion        | ``Policy.steady_iterations``    | 0 if it cannot say        |
+| an arrival's starvation        | ``Policy.starves_after_s``      | after the first arrival   |
 | an exchange planned ahead      | ``KVPolicy.steady``             | free blocks vs headroom,  |
 |                                |                                 | an offloaded job's ENST   |
 
-Only plans the walk filled entirely (every job it ranked is in the batch: nothing skipped for
+Only plans the walk filled entirely (every job it read is in the batch: nothing skipped for
 blocks, uploads or claims, which time could change), of decodes of jobs the worker holds, with
-no swap, no first schedule and one plan in flight at most, can repeat. Exact: the simulator's
-figures are identical with and without (tests/scheduler_svc/test_steady.py), and the service
-never calls it (a real worker's tokens are not known ahead).
+no swap, no first schedule and one plan in flight at most, can repeat. Jobs the walk passed
+unread (``WalkSkip``: new jobs needing more tokens of blocks than the walk's floor) are no
+obstacle where nothing could have made room for them but free blocks (``passes_hold``: no
+displacement of paused KV): a run of decodes only uses free blocks up and the start reserve
+only grows with the blocks held, so the floor of every later walk is at most this one's, and
+every walk passes them again, and with them every arrival whose prompt needs more than the
+floor (``GroupCore.pass_floor``) from the window's start. Under overload with paused KV that
+cannot move (``defer``) nearly every arrival is such a job.
+
+Exact: the simulator's figures are identical with and without (tests/scheduler_svc/
+test_steady.py), and the service never calls it (a real worker's tokens are not known ahead).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from scheduler_svc.core.contract import StepPlan
 from scheduler_svc.core.job import Job
 from scheduler_svc.core.kv.allocator import blocks_for
 from scheduler_svc.core.policies.base import Policy
+from scheduler_svc.core.policies.ranked import NEVER, need, prompt_need
 from scheduler_svc.core.step_context import StepContext
 
 if TYPE_CHECKING:
@@ -43,8 +56,8 @@ def repeatable(plan: StepPlan, step: StepContext) -> bool:
     """Whether ``plan`` (just formed in ``step``) is of the kind that can repeat unchanged."""
     commands = plan.commands
     return (bool(commands) and not plan.new_jobs and not plan.swap_out and not plan.swap_in
-            and not plan.probes
-            and not step.started and len(step.rank) + step.passed == len(commands)
+            and not plan.probes and not step.started and len(step.rank) == len(commands)
+            and (not step.passed or step.passes_hold)
             and all(c.num_tokens == 1 for c in commands))
 
 
@@ -66,12 +79,15 @@ def _crossings(batch: list[Job], k: int, block_size: int) -> int:
 
 
 def window(core: GroupCore, iteration_s: float, start: float, next_arrival: float,
-           token: int, at_most: int | None = None) -> list[float]:
+           token: int, at_most: int | None = None,
+           arrival: Callable[[int], tuple[float, int]] | None = None) -> list[float]:
     """Start times of the next iterations (the first at ``start``, each ``iteration_s`` long)
     that would each run the last plan's batch again, one decode per job, if no job arrived
     before ``next_arrival``; at most ``at_most`` of them (the caller's own bound: a worker
-    answer that could change a job's rank, such as a new prediction). Empty when none can be
-    told."""
+    answer that could change a job's rank, such as a new prediction). ``arrival(k)``, where
+    the caller can tell: the arrival time and prompt tokens of the k-th job to arrive from
+    ``next_arrival`` on ((inf, 0) past the last), so that the window goes on past arrivals
+    that every walk would pass. Empty when none can be told."""
     batch = _batch(core)
     if (batch is None or core.num_in_flight or core.has_pending_frees
             or core.policy_moved_since_plan):  # e.g. its update demoted a job
@@ -82,7 +98,15 @@ def window(core: GroupCore, iteration_s: float, start: float, next_arrival: floa
     full = (len(plan.commands) >= config.max_batch_size
             or plan.num_batched_tokens >= config.max_batched_tokens)
     arrivals_matter = core.policy.arrivals_preempt or not full
-    if arrivals_matter and core.added_since_plan:
+    # The walk's floor: new jobs needing more are passed by every walk of the window. An
+    # arrival that is such a job changes no plan (nor the KV policy, unless it plans ahead
+    # with a store to plan for; nor a probe), and it starves no sooner than
+    # ``starves_after_s`` after it came.
+    floor = core.pass_floor() if core.passes_hold else NEVER
+    passes = (floor < NEVER and not core.arrival_probes
+              and not (core.kv_policy.plans_ahead and core.kv.store_blocks))
+    if arrivals_matter and core.added_since_plan and (
+            not passes or any(j.started or need(j) <= floor for j in core.added_since_plan)):
         return []
     limit = min(1 if not job.ignore_eos and token in job.eos_token_ids
                 else min(job.max_tokens - len(job.output), core.max_context - job.num_tokens)
@@ -94,12 +118,26 @@ def window(core: GroupCore, iteration_s: float, start: float, next_arrival: floa
         limit = min(limit, reserve_holds)
     starts: list[float] = []
     s = start
-    while len(starts) < limit:
-        end = s + iteration_s
-        if arrivals_matter and next_arrival <= end:
-            break  # it would be admitted before this iteration's update
-        starts.append(s)
-        s = end
+    if arrivals_matter and passes and arrival is not None:
+        starved_by = next_arrival + core.policy.starves_after_s()
+        k = 0
+        at, prompt = arrival(0)
+        while len(starts) < limit and s <= starved_by:
+            end = s + iteration_s
+            while at <= end and prompt_need(prompt) > floor:  # passed: admitted, no change
+                k += 1
+                at, prompt = arrival(k)
+            if at <= end:
+                break  # it could enter; it would be admitted before this iteration's update
+            starts.append(s)
+            s = end
+    else:
+        while len(starts) < limit:
+            end = s + iteration_s
+            if arrivals_matter and next_arrival <= end:
+                break  # it would be admitted before this iteration's update
+            starts.append(s)
+            s = end
     # The longest prefix whose block growth the free blocks cover and during which the KV
     # policy plans nothing (both only get worse as blocks are used: bisect).
     ledger, kvp = core.kv, core.kv_policy
@@ -119,7 +157,7 @@ def window(core: GroupCore, iteration_s: float, start: float, next_arrival: floa
             hi = mid - 1
     if lo == 0:
         return []
-    k = core.policy.steady_iterations(batch, iteration_s, starts[:lo])
+    k = core.policy.steady_iterations(batch, iteration_s, starts[:lo], floor)
     return starts[:k]
 
 

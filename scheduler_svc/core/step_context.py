@@ -25,6 +25,10 @@ class StepContext:
     rank: dict[int, int] = field(default_factory=dict)  # position in this Step's priority walk
     started: list[Job] = field(default_factory=list)  # jobs scheduled for the first time
     passed: int = 0  # jobs the walk passed unread (``WalkSkip``): ranked, not batched
+    # Whether the walk passed jobs only by need against free blocks (no Step displaces paused
+    # KV: no drops, no store), so a run of decodes, which only uses up free blocks, passes
+    # them again (``steady.repeatable``).
+    passes_hold: bool = False
     _enst: dict[int, float] | None = None
 
     def enst(self) -> dict[int, float]:

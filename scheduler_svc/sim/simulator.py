@@ -363,6 +363,14 @@ def simulate(
             r = math.exp(e)
         return (specs[job_id].output_tokens - made) * r
 
+    def arrival(k: int) -> tuple[float, int]:
+        """The arrival time and prompt tokens of the k-th request still to come."""
+        i = next_i + k
+        if i >= num_specs:
+            return math.inf, 0
+        s = specs[i]
+        return s.arrival_s, s.input_tokens
+
     def before_refresh(core: GroupCore) -> int | None:
         """Iterations the last plan's batch can repeat before one of its jobs samples a
         token that is predicted at (that one goes through ``answer``); None: no bound."""
@@ -532,7 +540,10 @@ def simulate(
         horizon = specs[next_i].arrival_s if next_i < num_specs else math.inf
         if replicas > 1:
             horizon = min([horizon, *(h.now for h in groups if h is not g and h.core.jobs)])
-        starts = (window(core, t, now, horizon, SIM_TOKEN, before_refresh(core))
+        # With one group, every arrival comes to it: the window goes on past those its walks
+        # would pass.
+        starts = (window(core, t, now, horizon, SIM_TOKEN, before_refresh(core),
+                         arrival if replicas == 1 else None)
                   if fast_forward and not stopping else [])
         if starts:
             # Arrivals during the window are admitted as the service would, before the

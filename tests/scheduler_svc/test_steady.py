@@ -11,11 +11,13 @@ from core_driver import count_walked
 
 import scheduler_svc.core.steady as steady
 from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.contract import Command, StepPlan
 from scheduler_svc.core.cost_model import CostModel
 from scheduler_svc.core.group import GroupCore
 from scheduler_svc.core.job import Job
 from scheduler_svc.core.kv.policies import KV_POLICY_CLASSES
 from scheduler_svc.core.policies import POLICIES
+from scheduler_svc.core.step_context import StepContext
 from scheduler_svc.sim import simulate
 
 COST = CostModel(decode=((1, 0.010), (64, 0.050)), prefill=((1, 0.010), (501, 0.060)),
@@ -45,7 +47,8 @@ def sim(reqs, policy, kv, fast, steps_in_flight=None, **kw):
     return simulate(reqs, config=SchedulerConfig(policy=policy, kv_policy=kv, max_batch_size=8,
                                                  max_batched_tokens=128,
                                                  steps_in_flight=steps_in_flight),
-                    cost_model=COST, num_blocks=160, store_blocks=400, check_invariants=True,
+                    cost_model=COST, num_blocks=160, store_blocks=kw.pop("store_blocks", 400),
+                    check_invariants=True,
                     fast_forward=fast, prediction_sigma=0.5 if policy == "predictive" else None,
                     **kw)
 
@@ -94,6 +97,58 @@ def test_the_planner_holds_steady_while_jobs_are_offloaded_and_none_is_due(polic
     assert fast.records == slow.records and fast.summary() == slow.summary()
     assert slow.num_swap_outs > 0
     assert sum(offloaded_windows) > 0, offloaded_windows
+
+
+@pytest.mark.parametrize("kv, store", [("defer", 400), ("proactive", 0)])
+@pytest.mark.parametrize("policy", ["predictive", "skip-join-mlfq", "srpt-oracle",
+                                    "fixed-priority"])
+def test_windows_run_past_arrivals_that_every_walk_passes(policy, kv, store, monkeypatch):
+    """Where paused KV cannot move (``defer``; the planner with no store) and under overload,
+    the device fills with paused KV and arrivals find no room: a plan whose walk passed such
+    jobs repeats, and a window goes on past arrivals needing more blocks than the walk's
+    floor, where it used to stop at every arrival (no window of a policy whose arrivals
+    preempt had any). The figures are those of planning every iteration."""
+    reqs = overload(300, rate=12.0)
+    slow = sim(reqs, policy, kv, fast=False, store_blocks=store)
+    admitted: list[int] = []
+    real_advance = steady.advance
+
+    def counted(core, starts, iteration_s, token):
+        admitted.append(len(core.added_since_plan))  # arrivals since its plan: in the window
+        return real_advance(core, starts, iteration_s, token)
+
+    monkeypatch.setattr("scheduler_svc.sim.simulator.advance", counted)
+    fast = sim(reqs, policy, kv, fast=True, store_blocks=store)
+    assert fast.records == slow.records and fast.summary() == slow.summary()
+    assert fast.num_iterations == slow.num_iterations
+    assert sum(admitted) > 0, admitted
+
+
+def test_a_plan_that_passed_jobs_repeats_only_where_no_step_displaces():
+    """``steady.repeatable``: passed jobs keep a plan from repeating unless the walk passed
+    them by free blocks alone (``StepContext.passes_hold``), and a job read but left out
+    always does."""
+    plan = StepPlan(commands=[Command(1, 1, [], 10, True), Command(2, 1, [], 20, True)])
+    policy = POLICIES["predictive"](SchedulerConfig(policy="predictive"))
+    step = StepContext(0.0, plan, policy, 0.01, 2, rank={1: 0, 2: 1}, passed=3)
+    assert not steady.repeatable(plan, step)
+    step.passes_hold = True
+    assert steady.repeatable(plan, step)
+    step.rank[3] = 2  # read, not batched
+    assert not steady.repeatable(plan, step)
+
+
+@pytest.mark.parametrize("kv, holds", [("defer", True), ("recompute", False),
+                                       ("reactive", False), ("proactive", False)])
+def test_passes_hold_only_where_no_step_can_displace(kv, holds):
+    config = SchedulerConfig(policy="predictive", kv_policy=kv, max_batch_size=4)
+    core = GroupCore(config, num_blocks=64, block_size=16, max_context=4096,
+                     cost_model=COST, store_blocks=256)
+    for i in range(3):
+        core.add(Job(i, [1] * 100, 50, 0.0, ignore_eos=True, predicted_output_tokens=50), 0.0)
+    core.add(Job(3, [1] * 2000, 50, 0.0, ignore_eos=True, predicted_output_tokens=1), 0.0)
+    core.schedule(0.0)
+    assert core.passes_hold is holds
 
 
 @pytest.mark.parametrize("policy", ["fcfs", "skip-join-mlfq"])

@@ -2,10 +2,12 @@
 
 ``steady.window`` fast-forwards only from a plan that ``steady.repeatable`` accepts. This
 counts, for every plan formed, the first reason it is not repeatable (no commands, new jobs,
-a swap, probes, a first schedule, a prefill chunk, or ranked jobs left out of the batch:
-``len(step.rank) + step.passed`` above the commands, nearly always new jobs passed by
-``WalkSkip`` because they do not fit), and the MLFQ's demotions and promotions and the
-preemptions per request, each of which changes the order and so ends any window.
+a swap, probes, a first schedule, a prefill chunk, a job the walk read and left out, or new
+jobs ``WalkSkip`` passed where a Step could displace paused KV for them), the plans that
+repeat, how many of those gave a window of at least one iteration, and the MLFQ's demotions
+and promotions and the preemptions per request, each of which changes the order and so ends
+any window. (Before windows went on past passed jobs and arrivals, every plan whose walk
+passed a job counted as "ranked jobs left out".)
 Interpreted core (the counts do not depend on it).
 
     FASTSERVE_COMPILED=0 python docs/bench-sim-queue/plans/why_planned.py POLICY KV N [RATE]
@@ -28,7 +30,7 @@ from scheduler_svc.core import group, steady  # noqa: E402
 from scheduler_svc.core.config import SchedulerConfig  # noqa: E402
 from scheduler_svc.core.cost_model import PUBLISHED  # noqa: E402
 from scheduler_svc.core.policies import mlfq  # noqa: E402
-from scheduler_svc.sim import simulate  # noqa: E402
+from scheduler_svc.sim import simulate, simulator  # noqa: E402
 
 TRACE = ROOT.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
 
@@ -47,11 +49,21 @@ def main() -> None:
                 else "probes" if plan.probes
                 else "first schedule" if step.started
                 else "prefill chunk" if any(x.num_tokens != 1 for x in c)
-                else "ranked jobs left out" if len(step.rank) + step.passed != len(c)
+                else "read, left out" if len(step.rank) != len(c)
+                else "passed, displacement possible" if step.passed and not step.passes_hold
                 else "repeatable"] += 1
         return plain(plan, step)
 
     group.repeatable = counted  # what GroupCore.schedule calls
+    windows = simulator.window
+
+    def measured(core, *a, **k):  # type: ignore[no-untyped-def]
+        starts = windows(core, *a, **k)
+        if starts:
+            reasons["  of which gave a window"] += 1
+        return starts
+
+    simulator.window = measured
     policies: list[mlfq.SkipJoinMLFQ] = []
     init = mlfq.SkipJoinMLFQ.__init__
 
@@ -66,6 +78,7 @@ def main() -> None:
                       cost_model=PUBLISHED["opt-13b-a100"], num_blocks=4096,
                       store_blocks=40_000,
                       prediction_sigma=0.75 if policy == "predictive" else None)
+    windowed = reasons.pop("  of which gave a window", 0)
     planned = sum(reasons.values())
     print(f"{policy} + {kv}, {n} requests at {rate:g} req/s: {result.num_iterations} "
           f"iterations, {planned} planned ({planned / n:.2f} per request), "
@@ -75,7 +88,11 @@ def main() -> None:
         print(f"  demotions {p.num_demotions / n:.2f}, promotions {p.num_promotions / n:.2f} "
               "per request")
     for why, count in reasons.most_common():
-        print(f"  {why:22s} {count:7d}  {count / n:6.2f} per request")
+        if why == "repeatable":
+            print(f"  {why:30s} {count:7d}  {count / n:6.2f} per request, {windowed} "
+                  f"({windowed / n:.2f} per request) gave a window")
+            continue
+        print(f"  {why:30s} {count:7d}  {count / n:6.2f} per request")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from typing import ClassVar
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.cost_model import CostModel
 from scheduler_svc.core.job import Job
-from scheduler_svc.core.policies.ranked import WalkSkip
+from scheduler_svc.core.policies.ranked import NEVER, WalkSkip
 
 POLICIES: dict[str, type[Policy]] = {}
 
@@ -112,13 +112,22 @@ class Policy(ABC):
         """An iteration that ran ``ran`` took ``elapsed_s``: charge service, demote..."""
 
     def steady_iterations(self, batch: list[Job], iteration_s: float,
-                          starts: list[float]) -> int:
+                          starts: list[float], floor: int = NEVER) -> int:
         """Of the next ``len(starts)`` iterations (starting at ``starts``, each
-        ``iteration_s`` long, each running ``batch`` for one decode per job, no arrivals),
-        how many in a row this policy would rank ``batch`` first, in the same order, when each
-        is scheduled: the simulator applies that many at once (``core/steady.py``). 0, the
-        default, when the policy cannot tell."""
+        ``iteration_s`` long, each running ``batch`` for one decode per job), how many in a
+        row this policy would rank ``batch`` first, in the same order, when each is scheduled:
+        the simulator applies that many at once (``core/steady.py``). 0, the default, when
+        the policy cannot tell. Jobs that have not run and need more than ``floor`` tokens
+        (``WalkSkip``) are passed by every walk of those iterations: they may rank anywhere,
+        and more such jobs may arrive among them (any other arrival ends the run first).
+        ``NEVER``: no job is passed, and nothing arrives."""
         return 0
+
+    def starves_after_s(self) -> float:
+        """The least time a job that arrives now waits before this policy promotes it for
+        starving (inf: it never does): a run of iterations that admits arrivals ends by then
+        (``core/steady.py``)."""
+        return float("inf")
 
     def enst(self, now: float, batch_size: int, iteration_s: float,
              started_only: bool = False) -> dict[int, float]:

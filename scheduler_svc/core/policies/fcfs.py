@@ -10,6 +10,7 @@ from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.cost_model import CostModel
 from scheduler_svc.core.job import Job
 from scheduler_svc.core.policies.base import Policy, register
+from scheduler_svc.core.policies.ranked import NEVER
 
 
 class FCFS(Policy):
@@ -36,7 +37,7 @@ class FCFS(Policy):
         return self._jobs.values()
 
     def steady_iterations(self, batch: list[Job], iteration_s: float,
-                          starts: list[float]) -> int:
+                          starts: list[float], floor: int = NEVER) -> int:
         return len(starts)  # arrival order: nothing a decode changes
 
     def queues(self) -> list[tuple[str, int]]:
@@ -68,7 +69,7 @@ class RunToCompletion(Policy):
         return list(self._batch.values())
 
     def steady_iterations(self, batch: list[Job], iteration_s: float,
-                          starts: list[float]) -> int:
+                          starts: list[float], floor: int = NEVER) -> int:
         return len(starts)  # the batch is fixed until it empties
 
     def queues(self) -> list[tuple[str, int]]:

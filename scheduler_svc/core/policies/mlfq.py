@@ -24,7 +24,7 @@ from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.cost_model import CostModel
 from scheduler_svc.core.job import Job
 from scheduler_svc.core.policies.base import Policy, register
-from scheduler_svc.core.policies.ranked import Key, Ranked, WalkSkip
+from scheduler_svc.core.policies.ranked import NEVER, Key, Ranked, WalkSkip
 from scheduler_svc.core.policies.repeated_sum import add_repeatedly
 from scheduler_svc.core.policies.starvation import StarvationClock
 
@@ -142,10 +142,12 @@ class SkipJoinMLFQ(Policy):
             self._place_of[job.job_id] = self._head  # a job that ran: its key is read anew
 
     def steady_iterations(self, batch: list[Job], iteration_s: float,
-                          starts: list[float]) -> int:
+                          starts: list[float], floor: int = NEVER) -> int:
         """Until the first demotion of a batch job (its service summed as ``on_iteration``
         sums it) or the first starvation deadline: a job that ran and stays goes back to the
-        head of its queue, so the order is unchanged in between."""
+        head of its queue, so the order is unchanged in between (a job that arrives joins a
+        queue's tail, behind the batch's jobs of that queue; one in a queue above them is
+        passed, or ends the run, ``steady.window``)."""
         k = self.starvation.none_starve(starts)
         last = len(self.quanta) - 1
         for job in batch:
@@ -161,6 +163,9 @@ class SkipJoinMLFQ(Policy):
                     break  # demoted after its m-th iteration
             k = m
         return k
+
+    def starves_after_s(self) -> float:
+        return self.starvation.limit_s
 
     def enst(self, now: float, batch_size: int, iteration_s: float,
              started_only: bool = False) -> dict[int, float]:

@@ -24,7 +24,7 @@ from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.cost_model import CostModel
 from scheduler_svc.core.job import Job
 from scheduler_svc.core.policies.base import Policy, enst_by_place, register
-from scheduler_svc.core.policies.ranked import Key, Ranked, WalkSkip
+from scheduler_svc.core.policies.ranked import NEVER, Key, Ranked, WalkSkip
 from scheduler_svc.core.policies.starvation import StarvationClock
 
 # The starvation limit grows with the job's predicted size, ``starve_limit x (1 + remaining /
@@ -163,18 +163,20 @@ class Predictive(Policy):
                 self._touch(job, now)
 
     def steady_iterations(self, batch: list[Job], iteration_s: float,
-                          starts: list[float]) -> int:
+                          starts: list[float], floor: int = NEVER) -> int:
         """Until the first starvation deadline, or the first iteration whose keys (the batch's
         jobs each one token further) no longer put the batch in its order ahead of every
-        other job: only the batch's keys move (one down per decode before a job's
-        prediction, one up past it), each computed as the walk computes it. A promoted job
-        of the batch is back at its rank by now, and checked there like the others; a
-        promoted job outside it would run first: none then."""
-        if len(self._boosted):
+        other job the walk reads (jobs that have not run and need more than ``floor`` are
+        passed wherever they rank): only the batch's keys move (one down per decode before
+        a job's prediction, one up past it), each computed as the walk computes it. A
+        promoted job of the batch is back at its rank by now, and checked there like the
+        others; a promoted job outside it would run first, unless the walk passes it (under
+        overload, starving jobs that find no room): none then."""
+        if len(self._boosted) and self._boosted.least_key(set(), floor) is not None:
             return 0
         limit = self.starvation.none_starve(starts)
         ids = {job.job_id for job in batch}
-        least = self._ranked.least_key(ids)
+        least = self._ranked.least_key(ids, floor)
         made = [len(job.output) for job in batch]
         for k in range(limit):
             prev: Key | None = None
@@ -186,6 +188,9 @@ class Predictive(Policy):
             if least is not None and prev is not None and prev >= least:
                 return k
         return limit
+
+    def starves_after_s(self) -> float:
+        return self.starvation.limit_s  # a job's limit is this times 1 + remaining / tokens
 
     def queues(self) -> list[tuple[str, int]]:
         return [("starving", len(self._boosted)),

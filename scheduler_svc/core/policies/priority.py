@@ -9,7 +9,7 @@ from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.cost_model import CostModel
 from scheduler_svc.core.job import Job
 from scheduler_svc.core.policies.base import Policy, enst_by_place, register
-from scheduler_svc.core.policies.ranked import Key, Ranked, WalkSkip
+from scheduler_svc.core.policies.ranked import NEVER, Key, Ranked, WalkSkip
 
 
 class _SortedPolicy(Policy):
@@ -77,7 +77,7 @@ class ShortestPromptFirst(_SortedPolicy):
         return math.log2(max(len(job.prompt), 1)) + job.arrival_time / self._aging_s
 
     def steady_iterations(self, batch: list[Job], iteration_s: float,
-                          starts: list[float]) -> int:
+                          starts: list[float], floor: int = NEVER) -> int:
         return len(starts)  # a static key
 
 
@@ -97,7 +97,7 @@ class SRPTOracle(_SortedPolicy):
         return max(total - len(job.output), 0) + job.num_pending / 1e6
 
     def steady_iterations(self, batch: list[Job], iteration_s: float,
-                          starts: list[float]) -> int:
+                          starts: list[float], floor: int = NEVER) -> int:
         # A decode only lowers its job's key: the batch stays ahead of every other job (its
         # own order may change, which moves no job in or out).
         return len(starts)

@@ -49,7 +49,12 @@ class WalkSkip:
 
 def need(job: Job) -> int:
     """What a job that has not run needs blocks for, in tokens (see ``ALWAYS``)."""
-    return len(job.prompt) + 1 if len(job.prompt) > 1 else ALWAYS
+    return prompt_need(len(job.prompt))
+
+
+def prompt_need(prompt_tokens: int) -> int:
+    """``need`` of a job with a prompt this long."""
+    return prompt_tokens + 1 if prompt_tokens > 1 else ALWAYS
 
 
 class Fresh:
@@ -129,6 +134,18 @@ class Fresh:
             self.index.rebuild(self.least, [len(k) for k in self.keys])
             self._stale = False
         return self.index
+
+    def first_key_at_most(self, floor: int) -> Key | None:
+        """The key of the first job here (in key order) whose need is at most ``floor``:
+        the first one a walk with that floor would not pass; None when there is none."""
+        nb = len(self.keys)
+        b = self._indexed().first_at_most(0, nb, floor)
+        if b == nb:
+            return None
+        for p, n in enumerate(self.needs[b]):
+            if n <= floor:
+                return self.keys[b][p]
+        return None  # not reached: the bucket's smallest need is at most the floor
 
     def count_below(self, keys_sorted: list[Key]) -> list[int]:
         """For each key of ``keys_sorted`` (ascending), how many jobs here rank before it:
@@ -286,13 +303,20 @@ class Ranked:
             early += j.job_id in starting
         return out
 
-    def least_key(self, leave_out: set[int]) -> Key | None:
-        """The smallest key of a job here not in ``leave_out`` (None: there is none)."""
+    def least_key(self, leave_out: set[int], floor: int = NEVER) -> Key | None:
+        """The smallest key of a job here not in ``leave_out``, of the jobs that have not run
+        only those with a need of at most ``floor`` (the others a walk with that floor passes;
+        ``NEVER``: every job); None when there is none."""
         key = self.key
         keys = [key(j) for jid, j in self.ran.items() if jid not in leave_out]
-        fresh = self.fresh.keys
-        if fresh:
-            keys.append(fresh[0][0])
+        fresh = self.fresh
+        if floor >= NEVER:
+            if fresh.keys:
+                keys.append(fresh.keys[0][0])
+        elif fresh.keys:
+            first = fresh.first_key_at_most(floor)
+            if first is not None:
+                keys.append(first)
         return min(keys) if keys else None
 
     def positions(self, offset: int) -> dict[int, int]:
