@@ -27,6 +27,7 @@ from scheduler_svc.core.kv.allocator import blocks_for
 from scheduler_svc.core.kv.ledger import KVLedger
 from scheduler_svc.core.kv.policies import make_kv_policy
 from scheduler_svc.core.policies import Policy, make_policy
+from scheduler_svc.core.policies.ranked import ALWAYS, NEVER, need
 from scheduler_svc.core.steady import repeatable
 from scheduler_svc.core.step_context import StepContext
 
@@ -70,11 +71,13 @@ class GroupCore:
         self.num_predicted = 0  # finished jobs with a first predicted length
         self._prediction_abs_error = 0.0  # summed |first prediction - output length|
         # The last plan, when it could repeat unchanged (``steady.py``), whether its walk
-        # passed jobs only by need against free blocks (``StepContext.passes_hold``), and the
-        # jobs added since it was formed.
+        # passed jobs only by need against free blocks (``StepContext.passes_hold``), the
+        # jobs added since it was formed and the least need among them (``ranked.need``;
+        # ``ALWAYS`` for a job that has run: the walk reads it).
         self.repeatable_plan: StepPlan | None = None
         self.passes_hold = False
-        self.added_since_plan: list[Job] = []
+        self.added_since_plan = 0
+        self.added_least_need = NEVER
         self._moves_at_plan = 0  # the policy's demotions and promotions when it was formed
         # Estimates at arrival: on when the worker answers probes and the policy ranks by
         # predictions (its loop, or the simulator, says); the jobs not yet estimated, oldest first.
@@ -102,7 +105,9 @@ class GroupCore:
         assert job.job_id not in self.jobs, f"duplicate job id {job.job_id}"
         assert job.num_tokens < self.max_context
         self.jobs[job.job_id] = job
-        self.added_since_plan.append(job)
+        self.added_since_plan += 1
+        self.added_least_need = min(self.added_least_need,
+                                    ALWAYS if job.started else need(job))
         self._num_waiting += not job.started
         self._num_waiting_single += not job.started and len(job.prompt) == 1
         self._waiting_prompt_tokens += 0 if job.started else len(job.prompt)
@@ -235,7 +240,8 @@ class GroupCore:
         self.repeatable_plan = (plan if self.pipeline_depth == 1 and not self.kv.has_claims()
                                 and repeatable(plan, step) else None)
         self.passes_hold = step.passes_hold
-        self.added_since_plan = []
+        self.added_since_plan = 0
+        self.added_least_need = NEVER
         self._moves_at_plan = self.policy.num_demotions + self.policy.num_promotions
         if not (plan.commands or plan.free_job_ids or plan.swap_out or plan.swap_in
                 or plan.probes):
@@ -359,13 +365,26 @@ class GroupCore:
         if job.first_predicted_output_tokens is None:
             job.first_predicted_output_tokens = total
 
-    def advanced(self, num_iterations: int, iteration_s: float) -> None:
-        """``steady.advance()`` applied ``num_iterations`` iterations of the last plan."""
+    def advanced(self, num_iterations: int, iteration_s: float, finished: bool = True) -> None:
+        """``steady.advance()`` applied ``num_iterations`` iterations of the last plan; the
+        plan may repeat again unless a job of it ``finished``."""
         self.num_iterations += num_iterations
         self.kv.compute_s += num_iterations * iteration_s
         if iteration_s > 0:
             self._last_iteration_s = iteration_s
-        self.repeatable_plan = None
+        if finished:
+            self.repeatable_plan = None
+
+    def reorder(self, batch: list[Job]) -> None:
+        """The policy moved jobs since the last plan, and its walk would read ``batch`` (the
+        plan's jobs, all of them) first in this order: the plan repeats in it
+        (``steady.window``), as the next Step's walk would have formed it."""
+        plan = self.repeatable_plan
+        assert plan is not None
+        if [c.job_id for c in plan.commands] != [j.job_id for j in batch]:
+            place = {j.job_id: i for i, j in enumerate(batch)}
+            plan.commands.sort(key=lambda c: place[c.job_id])
+        self._moves_at_plan = self.policy.num_demotions + self.policy.num_promotions
 
     def finish_status(self, job: Job) -> JobStatus | None:
         """How ``job`` ends after its last token, or None while it goes on."""

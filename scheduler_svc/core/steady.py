@@ -17,6 +17,9 @@ job. A window ends before anything that could change the plan:
 |                                |                                 | ones, or a prompt every   |
 |                                |                                 | walk passes for blocks)   |
 | a demotion, a promotion        | ``Policy.steady_iterations``    | 0 if it cannot say        |
+| ... that changes the batch     | ``Policy.batch_order``          | a window after it goes on |
+|                                |                                 | in the new order where the|
+|                                |                                 | batch is still read first |
 | an arrival's starvation        | ``Policy.starves_after_s``      | after the first arrival   |
 | an exchange planned ahead      | ``KVPolicy.steady``             | free blocks vs headroom,  |
 |                                |                                 | an offloaded job's ENST   |
@@ -32,6 +35,12 @@ every walk passes them again, and with them every arrival whose prompt needs mor
 floor (``GroupCore.pass_floor``) from the window's start. Under overload with paused KV that
 cannot move (``defer``) nearly every arrival is such a job.
 
+A window may follow another at once, from the same plan, while no job of it finished: each
+starts from the state the last one left, as a plan formed then would (the simulator chains
+them; ``GroupCore.advanced`` keeps the plan). Under the MLFQ most demotions only move a job
+down the batch's own order, with no job the walk reads between: the plan repeats in the new
+order (``GroupCore.reorder``), as the next walk would have formed it.
+
 Exact: the simulator's figures are identical with and without (tests/scheduler_svc/
 test_steady.py), and the service never calls it (a real worker's tokens are not known ahead).
 """
@@ -45,7 +54,7 @@ from scheduler_svc.core.contract import StepPlan
 from scheduler_svc.core.job import Job
 from scheduler_svc.core.kv.allocator import blocks_for
 from scheduler_svc.core.policies.base import Policy
-from scheduler_svc.core.policies.ranked import NEVER, need, prompt_need
+from scheduler_svc.core.policies.ranked import NEVER, prompt_need
 from scheduler_svc.core.step_context import StepContext
 
 if TYPE_CHECKING:
@@ -89,8 +98,7 @@ def window(core: GroupCore, iteration_s: float, start: float, next_arrival: floa
     ``next_arrival`` on ((inf, 0) past the last), so that the window goes on past arrivals
     that every walk would pass. Empty when none can be told."""
     batch = _batch(core)
-    if (batch is None or core.num_in_flight or core.has_pending_frees
-            or core.policy_moved_since_plan):  # e.g. its update demoted a job
+    if batch is None or core.num_in_flight or core.has_pending_frees:
         return []
     plan = core.repeatable_plan
     assert plan is not None
@@ -106,8 +114,14 @@ def window(core: GroupCore, iteration_s: float, start: float, next_arrival: floa
     passes = (floor < NEVER and not core.arrival_probes
               and not (core.kv_policy.plans_ahead and core.kv.store_blocks))
     if arrivals_matter and core.added_since_plan and (
-            not passes or any(j.started or need(j) <= floor for j in core.added_since_plan)):
+            not passes or core.added_least_need <= floor):
         return []
+    if core.policy_moved_since_plan:  # e.g. the last update demoted a job
+        order = core.policy.batch_order(batch, floor, full)
+        if order is None:
+            return []
+        core.reorder(order)
+        batch = order
     limit = min(1 if not job.ignore_eos and token in job.eos_token_ids
                 else min(job.max_tokens - len(job.output), core.max_context - job.num_tokens)
                 for job in batch)  # a job finishes in the window's last iteration at most
@@ -206,5 +220,5 @@ def advance(core: GroupCore, starts: list[float], iteration_s: float, token: int
         else:
             ran.append(job)
     policy.on_iteration(ran, iteration_s, end)
-    core.advanced(k, iteration_s)
+    core.advanced(k, iteration_s, bool(finished))
     return finished

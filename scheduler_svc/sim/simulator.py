@@ -537,15 +537,17 @@ def simulate(
         stopping = stop_above_s_per_token is not None and bound(now) > stop_above_s_per_token
         # The iterations after this one that would repeat its batch unchanged, at once (with
         # several groups, only until the next arrival or another group's next iteration).
-        horizon = specs[next_i].arrival_s if next_i < num_specs else math.inf
-        if replicas > 1:
-            horizon = min([horizon, *(h.now for h in groups if h is not g and h.core.jobs)])
-        # With one group, every arrival comes to it: the window goes on past those its walks
-        # would pass.
-        starts = (window(core, t, now, horizon, SIM_TOKEN, before_refresh(core),
-                         arrival if replicas == 1 else None)
-                  if fast_forward and not stopping else [])
-        if starts:
+        # With one group, every arrival comes to it: a window goes on past those its walks
+        # would pass, and one window follows another while the plan still repeats (a
+        # window ends, for one, at a demotion that only reorders the batch).
+        while fast_forward and not stopping:
+            horizon = specs[next_i].arrival_s if next_i < num_specs else math.inf
+            if replicas > 1:
+                horizon = min([horizon, *(h.now for h in groups if h is not g and h.core.jobs)])
+            starts = window(core, t, now, horizon, SIM_TOKEN, before_refresh(core),
+                            arrival if replicas == 1 else None)
+            if not starts:
+                break
             # Arrivals during the window are admitted as the service would, before the
             # update of the iteration they came in (only a window whose batch they cannot
             # enter has any); a run that stops at the SLO stops where step by step would.
@@ -556,7 +558,8 @@ def simulate(
                         and bound(end_j) > stop_above_s_per_token):
                     del starts[j + 1:]
                     break
-            for job in advance(core, starts, t, SIM_TOKEN):
+            finished = advance(core, starts, t, SIM_TOKEN)
+            for job in finished:
                 record(job)
                 num_done += 1
             num_iterations += len(starts)
@@ -565,6 +568,8 @@ def simulate(
                 core.check_invariants()
             stopping = (stop_above_s_per_token is not None
                         and bound(now) > stop_above_s_per_token)
+            if finished or replicas > 1:
+                break
         if progress is not None and num_done:
             progress(num_done)
         if stopping:

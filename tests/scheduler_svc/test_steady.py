@@ -114,7 +114,7 @@ def test_windows_run_past_arrivals_that_every_walk_passes(policy, kv, store, mon
     real_advance = steady.advance
 
     def counted(core, starts, iteration_s, token):
-        admitted.append(len(core.added_since_plan))  # arrivals since its plan: in the window
+        admitted.append(core.added_since_plan)  # arrivals since its plan: in the window
         return real_advance(core, starts, iteration_s, token)
 
     monkeypatch.setattr("scheduler_svc.sim.simulator.advance", counted)
@@ -122,6 +122,29 @@ def test_windows_run_past_arrivals_that_every_walk_passes(policy, kv, store, mon
     assert fast.records == slow.records and fast.summary() == slow.summary()
     assert fast.num_iterations == slow.num_iterations
     assert sum(admitted) > 0, admitted
+
+
+@pytest.mark.parametrize("kv", ["defer", "proactive"])
+def test_windows_go_on_through_demotions_that_only_reorder_the_batch(kv, monkeypatch):
+    """Under the MLFQ a demotion moves a job to a lower queue's tail; where no job the walk
+    reads lies between, the batch is the same in a new order, and the next window goes on in
+    it (no plan formed). The figures are those of planning every iteration, and they are
+    not if the old order were kept (the stays go back to their queues' heads in the batch's
+    order, so the order decides later places)."""
+    reqs = overload(300, rate=12.0)
+    slow = sim(reqs, "skip-join-mlfq", kv, fast=False)
+    reordered = []
+    real_reorder = GroupCore.reorder
+
+    def counted(self, batch):
+        before = [c.job_id for c in self.repeatable_plan.commands]
+        reordered.append(before != [j.job_id for j in batch])
+        return real_reorder(self, batch)
+
+    monkeypatch.setattr(GroupCore, "reorder", counted)
+    fast = sim(reqs, "skip-join-mlfq", kv, fast=True)
+    assert fast.records == slow.records and fast.summary() == slow.summary()
+    assert sum(reordered) > 0, reordered
 
 
 def test_a_plan_that_passed_jobs_repeats_only_where_no_step_displaces():

@@ -4,10 +4,10 @@
 counts, for every plan formed, the first reason it is not repeatable (no commands, new jobs,
 a swap, probes, a first schedule, a prefill chunk, a job the walk read and left out, or new
 jobs ``WalkSkip`` passed where a Step could displace paused KV for them), the plans that
-repeat, how many of those gave a window of at least one iteration, and the MLFQ's demotions
-and promotions and the preemptions per request, each of which changes the order and so ends
-any window. (Before windows went on past passed jobs and arrivals, every plan whose walk
-passed a job counted as "ranked jobs left out".)
+repeat, the windows of at least one iteration (one plan can give several in a row), and the
+MLFQ's demotions and promotions and the preemptions per request: a preemption ends any
+window, a move that only reorders the batch does not. (Before windows went on past passed
+jobs and arrivals, every plan whose walk passed a job counted as "ranked jobs left out".)
 Interpreted core (the counts do not depend on it).
 
     FASTSERVE_COMPILED=0 python docs/bench-sim-queue/plans/why_planned.py POLICY KV N [RATE]
@@ -60,7 +60,7 @@ def main() -> None:
     def measured(core, *a, **k):  # type: ignore[no-untyped-def]
         starts = windows(core, *a, **k)
         if starts:
-            reasons["  of which gave a window"] += 1
+            reasons["  windows"] += 1
         return starts
 
     simulator.window = measured
@@ -78,7 +78,7 @@ def main() -> None:
                       cost_model=PUBLISHED["opt-13b-a100"], num_blocks=4096,
                       store_blocks=40_000,
                       prediction_sigma=0.75 if policy == "predictive" else None)
-    windowed = reasons.pop("  of which gave a window", 0)
+    windowed = reasons.pop("  windows", 0)
     planned = sum(reasons.values())
     print(f"{policy} + {kv}, {n} requests at {rate:g} req/s: {result.num_iterations} "
           f"iterations, {planned} planned ({planned / n:.2f} per request), "
@@ -89,8 +89,8 @@ def main() -> None:
               "per request")
     for why, count in reasons.most_common():
         if why == "repeatable":
-            print(f"  {why:30s} {count:7d}  {count / n:6.2f} per request, {windowed} "
-                  f"({windowed / n:.2f} per request) gave a window")
+            print(f"  {why:30s} {count:7d}  {count / n:6.2f} per request; windows "
+                  f"{windowed} ({windowed / n:.2f} per request)")
             continue
         print(f"  {why:30s} {count:7d}  {count / n:6.2f} per request")
 

@@ -123,6 +123,14 @@ class Policy(ABC):
         ``NEVER``: no job is passed, and nothing arrives."""
         return 0
 
+    def batch_order(self, batch: list[Job], floor: int, full: bool) -> list[Job] | None:
+        """The policy moved jobs (demoted, promoted) since ``batch`` was planned: its jobs in
+        the order the next walk would read them, where it would read them first (every other
+        job it would read ranks after the last of them, or none at all unless the batch is
+        ``full``; jobs that have not run and need more than ``floor`` are passed); None where
+        it would not, or the policy cannot tell (then the plan does not repeat)."""
+        return None
+
     def starves_after_s(self) -> float:
         """The least time a job that arrives now waits before this policy promotes it for
         starving (inf: it never does): a run of iterations that admits arrivals ends by then

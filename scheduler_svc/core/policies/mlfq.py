@@ -164,6 +164,21 @@ class SkipJoinMLFQ(Policy):
             k = m
         return k
 
+    def batch_order(self, batch: list[Job], floor: int, full: bool) -> list[Job] | None:
+        """By queue, then place (a demoted job at its new queue's tail); first unless a job
+        the walk reads (one that has run, or needs at most ``floor``) is in a queue above the
+        last of them, or in its queue before it."""
+        level, place = self.level, self._place_of
+        order = sorted(batch, key=lambda j: (level[j.job_id], place[j.job_id]))
+        ids = {j.job_id for j in batch}
+        last = order[-1].job_id
+        bottom = level[last] if full else len(self._queues) - 1
+        for lvl in range(bottom + 1):
+            first = self._queues[lvl].least_key(ids, floor)
+            if first is not None and (not full or lvl < bottom or first < self._key(order[-1])):
+                return None
+        return order
+
     def starves_after_s(self) -> float:
         return self.starvation.limit_s
 

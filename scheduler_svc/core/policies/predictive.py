@@ -189,6 +189,17 @@ class Predictive(Policy):
                 return k
         return limit
 
+    def batch_order(self, batch: list[Job], floor: int, full: bool) -> list[Job] | None:
+        """By key; first unless a starving job the walk reads is waiting, or another job it
+        reads ranks before the last of them (with a batch not ``full``: exists at all)."""
+        if len(self._boosted) and self._boosted.least_key(set(), floor) is not None:
+            return None
+        order = sorted(batch, key=self._key)
+        first = self._ranked.least_key({j.job_id for j in batch}, floor)
+        if first is not None and (not full or first < self._key(order[-1])):
+            return None
+        return order
+
     def starves_after_s(self) -> float:
         return self.starvation.limit_s  # a job's limit is this times 1 + remaining / tokens
 
