@@ -4,12 +4,7 @@
 # a 40,000-block store, compiled; BEFORE is a checkout of the commit before them
 # (git worktree add /tmp/before 1670227, its generated protos copied in).
 # Usage: bash docs/bench-sim-queue/steady.sh [BEFORE_DIR] [N] > docs/bench-sim-queue/steady.txt
-set -euo pipefail
-before=${1:-/tmp/before}
-n=${2:-50000}
-here=$(pwd)
-py=$here/.venv/bin/python
-trace=$here/../shared/traces/AzureLLMInferenceTrace_conv.csv
+source "$(dirname "$0")/before_after.sh" "$@"
 for args in "--policies skip-join-mlfq --kv-policies defer" \
             "--policies predictive --kv-policies defer --prediction-sigma 0.75"; do
   for tree in "$before" "$here"; do

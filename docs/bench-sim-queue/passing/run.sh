@@ -1,16 +1,12 @@
 #!/usr/bin/env bash
-# Windows past arrivals the walk passes, before and after, in one sitting: N Azure
+# Windows past the jobs every walk passes, and one after another (the MLFQ's reorderings),
+# before and after, in one sitting: N Azure
 # conversations at 3.6 req/s (2x capacity: the queue grows to about N/2), OPT-13B/A100,
 # batch 16, compiled (each tree's build made first, outside the timings). BEFORE is a
 # checkout of the commit before the change (git worktree add /tmp/before 7ce8f47, its
 # generated protos copied in).
 # Usage: bash docs/bench-sim-queue/passing/run.sh [BEFORE_DIR] [N] > docs/bench-sim-queue/passing/run.txt
-set -euo pipefail
-before=${1:-/tmp/before}
-n=${2:-50000}
-here=$(pwd)
-py=$here/.venv/bin/python
-trace=$here/../shared/traces/AzureLLMInferenceTrace_conv.csv
+source "$(dirname "$0")/../before_after.sh" "$@"
 for tree in "$before" "$here"; do  # the compiled builds, untimed
   (cd "$tree" && $py -m fastserve.cli sim --trace "$trace" --num-requests 50 --rate 3.6 \
      --policies fcfs >/dev/null 2>&1)
