@@ -280,15 +280,6 @@ class Batcher:
                                                          claimed) - claimed)
         return blocks * ledger.block_size
 
-    def pass_floor(self, arrivals_preempt: bool, max_batch: int, iterations: int) -> int:
-        """``_floor`` at the start of a walk with no displacement (no room from paused jobs),
-        for a Step formed after ``iterations`` iterations: nothing promised or claimed in
-        it yet, the start reserve as ``form`` would set it."""
-        ledger = self.ledger
-        reserve = (self.reserve.blocks(arrivals_preempt, max_batch, iterations)
-                   if ledger.holding else 0)
-        return (ledger.num_free - ledger.num_reserved() - reserve) * ledger.block_size
-
     def _grow_room(self, job: Job, space: Displacement | None) -> bool:
         """A started job at a block boundary finds none free: a lower-priority paused job
         makes room for it (reactive and recompute; the proactive planner keeps a block per

@@ -285,11 +285,16 @@ class GroupCore:
             self.num_probes += 1
 
     def pass_floor(self) -> int:
-        """The walk's floor (``WalkSkip``) as the next Step's walk would start, before its
-        batch takes blocks: the most it can be anywhere in that walk, and in the walks of a
-        run of decodes after it (they only use up free blocks; ``steady.window``)."""
-        return self.batcher.pass_floor(self.policy.arrivals_preempt, self._plan_batch(),
-                                       self.num_iterations)
+        """The walk's floor (``WalkSkip``, ``Batcher._floor`` with no displacement) as the
+        next Step's walk would start, before its batch takes blocks (nothing promised or
+        claimed yet, the start reserve as ``Batcher.form`` sets it): the most it can be
+        anywhere in that walk, and in the walks of a run of decodes after it (they only use
+        up free blocks; ``steady.window``)."""
+        kv = self.kv
+        reserve = (self.batcher.reserve.blocks(self.policy.arrivals_preempt,
+                                               self._plan_batch(), self.num_iterations)
+                   if kv.holding else 0)
+        return (kv.num_free - kv.num_reserved() - reserve) * kv.block_size
 
     def _plan_batch(self) -> int:
         """Jobs one plan may take. With a pipeline, the live jobs are spread over its
