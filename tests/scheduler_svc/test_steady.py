@@ -147,6 +147,28 @@ def test_windows_go_on_through_demotions_that_only_reorder_the_batch(kv, monkeyp
     assert sum(reordered) > 0, reordered
 
 
+@pytest.mark.parametrize("policy, kv, kw", [
+    ("predictive", "defer", {"prediction_refresh": 16}),
+    ("predictive", "defer", {"prediction_refresh": 16, "predict_at_arrival": True}),
+    ("predictive", "defer", {"prediction_refresh": 16, "arrival_probe_error": 0.3}),
+    ("predictive", "defer", {"stop_above_s_per_token": 0.05}),
+    ("skip-join-mlfq", "defer", {"stop_above_s_per_token": 0.05}),
+    ("predictive", "defer", {"replicas": 2}),
+    ("skip-join-mlfq", "defer", {"replicas": 2}),
+    ("predictive", "reactive", {"store_blocks": 0}),
+])
+@pytest.mark.parametrize("rate", [12.0, 30.0])
+def test_windows_past_passed_jobs_are_exact_with_the_simulators_options(policy, kv, kw, rate):
+    """Refreshed predictions and arrival probes (windows end before a job is predicted at,
+    and no arrival is passed while probes are on), a run stopped at the SLO, replicas (no
+    arrival passed, no window after a window) and a swapping KV policy with no store."""
+    reqs = overload(300, rate=rate)
+    slow = sim(reqs, policy, kv, fast=False, **kw)
+    fast = sim(reqs, policy, kv, fast=True, **kw)
+    assert fast.records == slow.records and fast.summary() == slow.summary()
+    assert fast.num_iterations == slow.num_iterations
+
+
 def test_a_plan_that_passed_jobs_repeats_only_where_no_step_displaces():
     """``steady.repeatable``: passed jobs keep a plan from repeating unless the walk passed
     them by free blocks alone (``StepContext.passes_hold``), and a job read but left out
