@@ -386,9 +386,8 @@ class GroupCore:
         (``steady.window``), as the next Step's walk would have formed it."""
         plan = self.repeatable_plan
         assert plan is not None
-        if [c.job_id for c in plan.commands] != [j.job_id for j in batch]:
-            place = {j.job_id: i for i, j in enumerate(batch)}
-            plan.commands.sort(key=lambda c: place[c.job_id])
+        place = {j.job_id: i for i, j in enumerate(batch)}
+        plan.commands.sort(key=lambda c: place[c.job_id])
         self._moves_at_plan = self.policy.num_demotions + self.policy.num_promotions
 
     def finish_status(self, job: Job) -> JobStatus | None:

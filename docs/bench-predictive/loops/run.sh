@@ -4,15 +4,10 @@
 # check on (--loop-ngram 32, the default) and off (0), alternated twice; the rate is 0.85 of
 # the capacity the first command measures. Each command's own FCFS run is the reference.
 # Usage: bash docs/bench-predictive/loops/run.sh   (~27 minutes on 2 cores)
-set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../../.."
-export PATH="$PWD/.venv/bin:$PATH"
+source "$(dirname "${BASH_SOURCE[0]}")/../heldout_085.sh"
 D=docs/bench-predictive/loops
-common=(--policies fcfs,predictive --max-batch-size 8 --fresh-worker
-        --prompts docs/bench-predictive/heldout.jsonl --max-tokens 512 --temperature 0.2
-        --top-p 0.9 --seed 1 --no-progress)
 fastserve bench compare "${common[@]}" --loads 0.85 --out-dir $D/on1 > $D/on1.log 2>&1
-rate=$(python -c "import json; print(json.load(open('$D/on1/capacity.json'))['loads']['0.85'])")
+rate=$(rate_085 $D/on1)
 echo "rate $rate req/s"
 fastserve bench compare "${common[@]}" --rates "$rate" --loop-ngram 0 --out-dir $D/off1 > $D/off1.log 2>&1
 fastserve bench compare "${common[@]}" --rates "$rate" --out-dir $D/on2 > $D/on2.log 2>&1

@@ -172,7 +172,7 @@ class Predictive(Policy):
         promoted job of the batch is back at its rank by now, and checked there like the
         others; a promoted job outside it would run first, unless the walk passes it (under
         overload, starving jobs that find no room): none then."""
-        if len(self._boosted) and self._boosted.least_key(set(), floor) is not None:
+        if self._starving_read(floor):
             return 0
         limit = self.starvation.none_starve(starts)
         ids = {job.job_id for job in batch}
@@ -192,13 +192,17 @@ class Predictive(Policy):
     def batch_order(self, batch: list[Job], floor: int, full: bool) -> list[Job] | None:
         """By key; first unless a starving job the walk reads is waiting, or another job it
         reads ranks before the last of them (with a batch not ``full``: exists at all)."""
-        if len(self._boosted) and self._boosted.least_key(set(), floor) is not None:
+        if self._starving_read(floor):
             return None
         order = sorted(batch, key=self._key)
         first = self._ranked.least_key({j.job_id for j in batch}, floor)
         if first is not None and (not full or first < self._key(order[-1])):
             return None
         return order
+
+    def _starving_read(self, floor: int) -> bool:
+        """Whether a promoted job waits that a walk with ``floor`` would read (it runs first)."""
+        return len(self._boosted) > 0 and self._boosted.least_key(set(), floor) is not None
 
     def starves_after_s(self) -> float:
         return self.starvation.limit_s  # a job's limit is this times 1 + remaining / tokens

@@ -98,8 +98,8 @@ class SRPTOracle(_SortedPolicy):
 
     def steady_iterations(self, batch: list[Job], iteration_s: float,
                           starts: list[float], floor: int = NEVER) -> int:
-        # A decode only lowers its job's key: the batch stays ahead of every other job (its
-        # own order may change, which moves no job in or out).
+        # A decode only lowers its job's key: the batch stays ahead of every other job the
+        # walk reads (its own order may change, which moves no job in or out).
         return len(starts)
 
 
