@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     from worker_svc.loader import EngineConfig, load_engine
     from worker_svc.metrics import WorkerMetrics
     from worker_svc.parallel.follower import follow
-    from worker_svc.parallel.group import GroupLayout
+    from worker_svc.parallel.group import EXIT_GROUP_LOST, GroupLayout
     from worker_svc.parallel.pipeline import follow_stage
     from worker_svc.server import create_server
 
@@ -198,7 +198,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"worker rank {layout.global_rank} of {layout.world_size} following "
               f"{args.group_address}", flush=True)
         run = follow_stage if layout.pipelined else follow
-        return compute.run(run, loaded.engine)
+        status = compute.run(run, loaded.engine)
+        if status == EXIT_GROUP_LOST:
+            # As rank 0 does (server.group_lost): the group's links are broken, and tearing
+            # its process groups down at exit can abort the process instead of exiting.
+            logging.shutdown()
+            os._exit(status)
+        return status
     if stop.is_set():
         return 0
     if args.profile_at_start:

@@ -1,11 +1,13 @@
 """Tensor parallelism's pieces without processes: the Megatron shards add up to the model,
 ranks in threads (a stand-in group) follow rank 0 and generate what one engine does, and the
-shared-memory all-reduce sums identically on every rank and gives up on a missing one."""
+shared-memory all-reduce sums identically on every rank and gives up on a missing one, and
+rank 0 of a real two-process group gives up on a follower that stops listening."""
 
 from __future__ import annotations
 
 import multiprocessing
 import queue
+import socket
 import threading
 
 import pytest
@@ -18,7 +20,7 @@ from worker_svc.loader import EngineConfig, load_engine
 from worker_svc.model.config import ModelSpec, rope_tables
 from worker_svc.model.llama import LlamaModel
 from worker_svc.parallel.follower import follow
-from worker_svc.parallel.group import GroupLost
+from worker_svc.parallel.group import GroupLayout, GroupLost, TensorGroup
 from worker_svc.parallel.shard import check_tensor_parallel, shard_spec, shard_weights
 from worker_svc.parallel.shm_reduce import ShmAllReduce
 
@@ -234,3 +236,47 @@ def test_the_shared_memory_all_reduce_gives_up_on_a_rank_that_never_comes():
             shm.all_reduce(torch.ones(4))
     finally:
         shm.unlink()
+
+
+def _command_rank(rank, address, out_q, resume):
+    group = TensorGroup(GroupLayout(rank=rank, size=2, address=address, timeout_s=1.0),
+                        torch.device("cpu"))
+    commands = [{"step": 1, "free": [3, 4]}, "x" * 100_000, None]
+    if rank == 1:
+        out_q.put(("follower", [group.receive_command() for _ in commands]))
+        # Stop listening, as a follower cut off from rank 0 does, until rank 0 has given up:
+        # 10x the group timeout, well short of the 24 s a follower waits for a command.
+        out_q.put(("resumed", resume.wait(10)))
+        return
+    for cmd in commands:
+        group.send_command(cmd)
+    try:
+        group.send_command({"step": 2})
+        out_q.put(("leader", "sent to a follower that was not listening"))
+    except GroupLost as e:
+        out_q.put(("leader", str(e)))
+    resume.set()
+
+
+def test_rank_0_gives_up_on_a_follower_that_stops_listening_within_the_group_timeout():
+    """A gloo send finishes only once the receiver posts its receive: rank 0 must not wait the
+    followers' long command wait (24 s) for a follower that will never listen again."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    ctx = multiprocessing.get_context("spawn")
+    out_q, resume = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_command_rank, args=(r, address, out_q, resume))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        got = dict(out_q.get(timeout=120) for _ in range(3))
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+    assert got["follower"] == [{"step": 1, "free": [3, 4]}, "x" * 100_000, None]
+    assert "command broadcast failed" in got["leader"], got["leader"]
+    assert got["resumed"] is True, "rank 0 waited for the follower instead of giving up"

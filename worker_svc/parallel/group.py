@@ -12,8 +12,9 @@ so that the supervisor restarts the whole group and the scheduler moves its jobs
 
 Two process groups over one rendezvous (a TCPStore at rank 0's address): commands travel on one
 whose timeout outlasts the gaps between rank 0's heartbeats (an idle group still gets an empty
-Step every few seconds), so a follower cut off from rank 0 gives up too; everything inside a
-Step on one with the group's bounded timeout, so a rank that hangs is noticed. gloo on CPU,
+Step every few seconds), so a follower cut off from rank 0 gives up too, while rank 0 waits
+for each send only the group's bounded timeout; everything inside a Step on one with that
+bounded timeout, so a rank that hangs is noticed. gloo on CPU,
 NCCL on CUDA; on CPU, ranks that share a host sum through shared memory instead
 (shm_reduce.py). Like every
 torch.distributed rendezvous, the address must be on a network only the group's hosts reach
@@ -26,6 +27,7 @@ import datetime
 import hashlib
 import logging
 import os
+import pickle
 from typing import Any
 
 import torch
@@ -203,10 +205,24 @@ class TensorGroup:
                             f"(this rank: {state[:200]})")
 
     def _broadcast_object(self, obj: Any) -> Any:
-        box = [obj]
+        """``obj`` from rank 0, on every rank: its length, then its pickled bytes. A follower
+        waits as long as the command group's timeout (heartbeats come every few seconds);
+        rank 0 waits only the group's bounded timeout, since its followers wait for it: a gloo
+        send finishes only once the other end has posted its receive, so a cut-off follower
+        would otherwise hold rank 0 for the whole command wait."""
         try:
-            dist.broadcast_object_list(box, src=self._src, group=self._commands)
+            if self.rank == 0:
+                data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+                bound = datetime.timedelta(seconds=self.layout.timeout_s)
+                for t in (torch.tensor([data.numel()], dtype=torch.long), data):
+                    dist.broadcast(t, src=self._src, group=self._commands,
+                                   async_op=True).wait(bound)
+                return obj
+            length = torch.zeros(1, dtype=torch.long)
+            dist.broadcast(length, src=self._src, group=self._commands)
+            data = torch.empty(int(length), dtype=torch.uint8)
+            dist.broadcast(data, src=self._src, group=self._commands)
         except Exception as e:
             raise GroupLost(f"command broadcast failed: {e}") from e
-        return box[0]
+        return pickle.loads(data.numpy().tobytes())
 
