@@ -8,7 +8,7 @@ worker knows it). A job that leaves a group gets a fresh ``Placement`` and keeps
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 class JobStatus(enum.IntEnum):
@@ -46,19 +46,33 @@ class Sampling:
     suppress: tuple[int, ...] = ()
 
 
-@dataclass(eq=False)
+# Placement and Job write their __init__ out, as the types made per iteration do
+# (core/contract.py): mypyc compiles it, not the one a dataclass generates.
+
+
+@dataclass(eq=False, init=False)
 class Placement:
     """The scheduler's view of one job's state on its worker group."""
 
-    blocks: list[int] = field(default_factory=list)  # device KV blocks, in table order
-    num_computed: int = 0  # tokens whose KV the group holds (or will, once its plan runs)
-    on_worker: bool = False  # the worker has been sent this job (NewJob) and not told to free it
+    blocks: list[int]  # device KV blocks, in table order
+    num_computed: int  # tokens whose KV the group holds (or will, once its plan runs)
+    on_worker: bool  # the worker has been sent this job (NewJob) and not told to free it
     # Blocks of this job's KV in the node's KV store: > 0 while it is offloaded (then it holds
     # no device blocks, and the worker keeps its tokens and sampler state).
-    stored: int = 0
+    stored: int
+
+    def __init__(self, blocks: list[int] | None = None, num_computed: int = 0,
+                 on_worker: bool = False, stored: int = 0):
+        self.blocks = [] if blocks is None else blocks
+        self.num_computed = num_computed
+        self.on_worker = on_worker
+        self.stored = stored
 
 
-@dataclass(eq=False)
+NO_SAMPLING = Sampling()  # the default (frozen: shared)
+
+
+@dataclass(eq=False, init=False)
 class Job:
     """One request; ``kv`` is its placement on the worker group that runs it."""
 
@@ -66,33 +80,68 @@ class Job:
     prompt: list[int]
     max_tokens: int
     arrival_time: float
-    sampling: Sampling = field(default_factory=Sampling)
-    request_id: str = ""
-    eos_token_ids: frozenset[int] = frozenset()
-    ignore_eos: bool = False
-    output: list[int] = field(default_factory=list)
-    status: JobStatus = JobStatus.WAITING
-    kv: Placement = field(default_factory=Placement)
+    sampling: Sampling
+    request_id: str
+    eos_token_ids: frozenset[int]
+    ignore_eos: bool
+    output: list[int]
+    status: JobStatus
+    kv: Placement
     # Timing (scheduler clock).
-    first_scheduled_time: float | None = None
-    first_token_time: float | None = None
-    last_scheduled_time: float | None = None
-    finish_time: float | None = None
-    error: str = ""
+    first_scheduled_time: float | None
+    first_token_time: float | None
+    last_scheduled_time: float | None
+    finish_time: float | None
+    error: str
     # Failed because its worker was lost (not because of the request): clients see UNAVAILABLE.
-    worker_lost: bool = False
-    num_recomputes: int = 0
-    num_offloads: int = 0
+    worker_lost: bool
+    num_recomputes: int
+    num_offloads: int
     # Predicted total output tokens (the worker's predictor, refined as the job decodes, or
     # the simulator's noisy truth); None when nothing predicts this job. Read by the
     # ``predictive`` policy. The first estimate is kept to measure the predictor's error.
-    predicted_output_tokens: float | None = None
-    first_predicted_output_tokens: float | None = None
+    predicted_output_tokens: float | None
+    first_predicted_output_tokens: float | None
     # The client's stated answer length (a benchmark's oracle); read by ``srpt-oracle`` only.
-    output_length_hint: int | None = None
+    output_length_hint: int | None
     # What bounds the answer for a predictor: max_tokens, unless set (the simulator ends a
     # job at its true length through max_tokens, and states the real bound here).
-    length_cap: int | None = None
+    length_cap: int | None
+
+    def __init__(self, job_id: int, prompt: list[int], max_tokens: int, arrival_time: float,
+                 sampling: Sampling = NO_SAMPLING, request_id: str = "",
+                 eos_token_ids: frozenset[int] = frozenset(), ignore_eos: bool = False,
+                 output: list[int] | None = None, status: JobStatus = JobStatus.WAITING,
+                 kv: Placement | None = None, first_scheduled_time: float | None = None,
+                 first_token_time: float | None = None,
+                 last_scheduled_time: float | None = None, finish_time: float | None = None,
+                 error: str = "", worker_lost: bool = False, num_recomputes: int = 0,
+                 num_offloads: int = 0, predicted_output_tokens: float | None = None,
+                 first_predicted_output_tokens: float | None = None,
+                 output_length_hint: int | None = None, length_cap: int | None = None):
+        self.job_id = job_id
+        self.prompt = prompt
+        self.max_tokens = max_tokens
+        self.arrival_time = arrival_time
+        self.sampling = sampling
+        self.request_id = request_id
+        self.eos_token_ids = eos_token_ids
+        self.ignore_eos = ignore_eos
+        self.output = [] if output is None else output
+        self.status = status
+        self.kv = Placement() if kv is None else kv
+        self.first_scheduled_time = first_scheduled_time
+        self.first_token_time = first_token_time
+        self.last_scheduled_time = last_scheduled_time
+        self.finish_time = finish_time
+        self.error = error
+        self.worker_lost = worker_lost
+        self.num_recomputes = num_recomputes
+        self.num_offloads = num_offloads
+        self.predicted_output_tokens = predicted_output_tokens
+        self.first_predicted_output_tokens = first_predicted_output_tokens
+        self.output_length_hint = output_length_hint
+        self.length_cap = length_cap
 
     @property
     def output_cap(self) -> int:

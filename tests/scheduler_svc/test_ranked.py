@@ -17,16 +17,22 @@ def _key(job: Job) -> tuple[float, int, int]:
     return (float(job.max_tokens - len(job.output)), job.num_pending, job.job_id)
 
 
+def _static_key(job: Job) -> tuple[float, int, int]:
+    # Like fixed-priority's: never moves, not even once the job runs.
+    return (float(len(job.prompt) % 7), job.job_id, 0)
+
+
 def _job(jid: int, rng: random.Random) -> Job:
     prompt = [1] * rng.choice([1, 2, 5, 17, 40, 90, 300])
     return Job(jid, prompt, max_tokens=rng.randrange(1, 60), arrival_time=0.0)
 
 
-def _expected(jobs: dict[int, Job], floor_of, claimed: set[int]) -> tuple[list[int], int]:
+def _expected(jobs: dict[int, Job], floor_of, claimed: set[int],
+              key=_key) -> tuple[list[int], int]:
     """The walk by a full sort, each job that has not run judged against the floor where the
     walk stands (it moves only when a job is handed out)."""
     out, passed = [], 0
-    for job in sorted(jobs.values(), key=_key):
+    for job in sorted(jobs.values(), key=key):
         if (not job.started and ranked.need(job) > floor_of(len(out))
                 and job.job_id not in claimed):
             passed += 1
@@ -37,11 +43,13 @@ def _expected(jobs: dict[int, Job], floor_of, claimed: set[int]) -> tuple[list[i
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("bucket", [1, 3, 64])
-def test_walks_and_places_match_a_full_sort(seed: int, bucket: int,
+@pytest.mark.parametrize("static", [False, True], ids=["moving", "static"])
+def test_walks_and_places_match_a_full_sort(seed: int, bucket: int, static: bool,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ranked, "BUCKET", bucket)
     rng = random.Random(seed)
-    r = Ranked(_key)
+    key = _static_key if static else _key
+    r = Ranked(key, static)
     jobs: dict[int, Job] = {}
     next_id = 0
     for _ in range(40):
@@ -59,7 +67,7 @@ def test_walks_and_places_match_a_full_sort(seed: int, bucket: int,
                 r.start(job)
                 job.first_scheduled_time = 1.0
         # ENST's places, with some jobs started in this Step (still counted as fresh).
-        full = sorted(jobs.values(), key=_key)
+        full = sorted(jobs.values(), key=key)
         want = {j.job_id: i for i, j in enumerate(full) if j.started}
         assert r.positions(3) == {jid: i + 3 for jid, i in want.items()}
         # A walk passing nothing is the full order.
@@ -82,7 +90,7 @@ def test_walks_and_places_match_a_full_sort(seed: int, bucket: int,
             if job is None:
                 break
             got.append(job.job_id)
-        assert (got, skip.passed) == _expected(jobs, floor_of, claimed)
+        assert (got, skip.passed) == _expected(jobs, floor_of, claimed, key)
         for job in jobs.values():  # made a token: keys of started jobs move
             if job.started and rng.random() < 0.5 and len(job.output) < job.max_tokens:
                 job.output.append(0)

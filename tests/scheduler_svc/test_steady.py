@@ -175,7 +175,8 @@ def test_a_plan_that_passed_jobs_repeats_only_where_no_step_displaces():
     always does."""
     plan = StepPlan(commands=[Command(1, 1, [], 10, True), Command(2, 1, [], 20, True)])
     policy = POLICIES["predictive"](SchedulerConfig(policy="predictive"))
-    step = StepContext(0.0, plan, policy, 0.01, 2, rank={1: 0, 2: 1}, passed=3)
+    step = StepContext(0.0, plan, policy, 0.01, 2)
+    step.rank, step.passed = {1: 0, 2: 1}, 3
     assert not steady.repeatable(plan, step)
     step.passes_hold = True
     assert steady.repeatable(plan, step)

@@ -17,10 +17,12 @@ class _SortedPolicy(Policy):
     while a job has not run (see ``Ranked``)."""
 
     passes_new_jobs = True
+    # No job's key ever moves (not even a started job's): see ``Ranked``.
+    static_keys = False
 
     def __init__(self, config: SchedulerConfig, cost_model: CostModel | None = None):
         super().__init__(config, cost_model)
-        self._ranked = Ranked(self._full_key)
+        self._ranked = Ranked(self._full_key, self.static_keys)
 
     def key(self, job: Job) -> float:
         raise NotImplementedError
@@ -66,6 +68,7 @@ class ShortestPromptFirst(_SortedPolicy):
     lengths at 1.5x and 3x capacity). A = 0 is pure shortest prompt first."""
 
     name = "fixed-priority"
+    static_keys = True  # the prompt's length and the arrival time
 
     def __init__(self, config: SchedulerConfig, cost_model: CostModel | None = None):
         super().__init__(config, cost_model)

@@ -227,17 +227,21 @@ class Ranked:
     """A policy's live jobs by ``key``: the ones that have not run in ``Fresh`` (their keys
     fixed), the rest sorted per Step. ``key`` must stay what it was for a job that has not
     run until its ``start`` (a policy re-adds a job whose key it changes); the policy calls
-    ``settle`` before each walk and whenever keys of started jobs may have moved since."""
+    ``settle`` before each walk and whenever keys of started jobs may have moved since.
+    ``static``: no job's key ever moves (``fixed-priority``), so the started jobs stay sorted
+    from one Step to the next, each one placed as it starts, instead of sorted per walk."""
 
-    def __init__(self, key: Callable[[Job], Key]):
+    def __init__(self, key: Callable[[Job], Key], static: bool = False):
         self.key = key
+        self.static = static
         self.fresh = Fresh()
         self.ran: dict[int, Job] = {}
         # Started in the Step being formed, still in ``fresh`` (a walk may be reading it)
         # with the key they had: moved to ``ran`` by ``settle``.
         self.starting: dict[int, Job] = {}
         # ``ran`` sorted by key, from a walk until the next ``settle`` (keys of started jobs
-        # move between Steps, never during one): ENST's places read it again.
+        # move between Steps, never during one): ENST's places read it again. Static keys:
+        # kept from walk to walk.
         self._ran_sorted: list[tuple[Key, Job]] | None = None
 
     def __len__(self) -> int:
@@ -249,17 +253,32 @@ class Ranked:
     def add(self, job: Job) -> None:
         if job.started:
             self.ran[job.job_id] = job
-            self._ran_sorted = None
+            self._placed(job)
         else:
             self.fresh.add(job, self.key(job))
 
     def remove(self, job_id: int) -> bool:
         """Take the job out; whether it was here."""
         self.starting.pop(job_id, None)
-        if self.ran.pop(job_id, None) is not None:
-            self._ran_sorted = None
+        job = self.ran.pop(job_id, None)
+        if job is not None:
+            ran = self._ran_sorted
+            if self.static and ran is not None:
+                del ran[bisect_left(ran, self.key(job), key=_first)]
+            else:
+                self._ran_sorted = None
             return True
         return self.fresh.remove(job_id)
+
+    def _placed(self, job: Job) -> None:
+        """``job`` joined ``ran``: in its place in the sorted started jobs (static keys), or
+        they are sorted anew for the next walk."""
+        ran = self._ran_sorted
+        if self.static and ran is not None:
+            key = self.key(job)
+            ran.insert(bisect_left(ran, key, key=_first), (key, job))
+        else:
+            self._ran_sorted = None
 
     def start(self, job: Job) -> None:
         """``job`` was planned for the first time (its key may move from the next Step on)."""
@@ -269,11 +288,13 @@ class Ranked:
     def settle(self) -> None:
         """Move the jobs started in the last Step out of ``fresh``: before a walk and when a
         Step's results come (keys of started jobs move then), never during a walk."""
-        self._ran_sorted = None
+        if not self.static:
+            self._ran_sorted = None
         if self.starting:
             for jid, job in self.starting.items():
                 self.fresh.remove(jid)
                 self.ran[jid] = job
+                self._placed(job)
             self.starting.clear()
 
     def _sorted(self, jobs: Iterable[Job]) -> list[tuple[Key, Job]]:
