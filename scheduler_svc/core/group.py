@@ -306,9 +306,11 @@ class GroupCore:
             return cap
         return max(1, min(cap, -(-len(self.jobs) // self.pipeline_depth)))
 
-    def update(self, step_id: int, result: StepResult, now: float) -> list[JobUpdate]:
+    def update(self, step_id: int, result: StepResult, now: float,
+               finished_only: bool = False) -> list[JobUpdate]:
         """Apply the worker's answer to the plan ``step_id``: append tokens, finish jobs,
-        charge service. Raises ``UnknownStep`` for a step id not in flight."""
+        charge service; the updates to stream (``finished_only``: the finished jobs' only, the
+        simulator's). Raises ``UnknownStep`` for a step id not in flight."""
         plan = self._in_flight.pop(step_id, None)
         if plan is None:
             raise UnknownStep(f"step id {step_id} is not in flight "
@@ -348,7 +350,9 @@ class GroupCore:
             status = self.finish_status(job)
             if status is not None:
                 self.finish(job, status, now)
-            updates.append(JobUpdate(job, [r.token_id], [r.logprob or 0.0], status is not None))
+            if status is not None or not finished_only:
+                updates.append(JobUpdate(job, [r.token_id], [r.logprob or 0.0],
+                                         status is not None))
         # A finished job has left the table (finish() removes it).
         ran = [job for c in plan.commands if (job := jobs.get(c.job_id)) is not None]
         self.policy.on_iteration(ran, result.compute_time_s, now)

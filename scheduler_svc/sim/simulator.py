@@ -453,7 +453,7 @@ def simulate(
                 num_done = 0
                 result = StepResult(b.results, [], b.end - b.start, swap_wait_s=b.swap_wait_s,
                                     estimates=estimated.pop(b.plan.step_id, []))
-                for u in core.update(b.plan.step_id, result, at):
+                for u in core.update(b.plan.step_id, result, at, finished_only=True):
                     if u.finished:
                         record(u.job)
                         num_done += 1
@@ -527,7 +527,7 @@ def simulate(
         num_done = 0
         result = StepResult(results, [], t, swap_wait_s=wait,
                             estimates=estimated.pop(plan.step_id, []))
-        for u in core.update(plan.step_id, result, end):
+        for u in core.update(plan.step_id, result, end, finished_only=True):
             if u.finished:
                 record(u.job)
                 num_done += 1
