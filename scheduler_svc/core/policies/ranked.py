@@ -252,6 +252,8 @@ class Ranked:
 
     def add(self, job: Job) -> None:
         if job.started:
+            if job.job_id in self.ran:
+                self.remove(job.job_id)  # added again: placed anew
             self.ran[job.job_id] = job
             self._placed(job)
         else:
@@ -264,7 +266,9 @@ class Ranked:
         if job is not None:
             ran = self._ran_sorted
             if self.static and ran is not None:
-                del ran[bisect_left(ran, self.key(job), key=_first)]
+                i = bisect_left(ran, self.key(job), key=_first)
+                assert ran[i][1] is job, "a static key moved"
+                del ran[i]
             else:
                 self._ran_sorted = None
             return True
