@@ -153,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     from worker_svc.metrics import WorkerMetrics
     from worker_svc.parallel.follower import follow
     from worker_svc.parallel.group import EXIT_GROUP_LOST, GroupLayout
+    from worker_svc.parallel.layout import exit_group_lost
     from worker_svc.parallel.pipeline import follow_stage
     from worker_svc.server import create_server
 
@@ -200,10 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         run = follow_stage if layout.pipelined else follow
         status = compute.run(run, loaded.engine)
         if status == EXIT_GROUP_LOST:
-            # As rank 0 does (server.group_lost): the group's links are broken, and tearing
-            # its process groups down at exit can abort the process instead of exiting.
-            logging.shutdown()
-            os._exit(status)
+            exit_group_lost()  # as rank 0 does (server.group_lost)
         return status
     if stop.is_set():
         return 0

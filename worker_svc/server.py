@@ -11,7 +11,6 @@ an empty pool.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
@@ -33,7 +32,8 @@ from worker_svc.compute_thread import ComputeThread, ComputeThreadClosed
 from worker_svc.engine import ErrorCode, JobError, StepCommand, StepOutcome
 from worker_svc.kv_pool import KVPoolConfig
 from worker_svc.loader import LoadedModel
-from worker_svc.parallel.group import EXIT_GROUP_LOST, HEARTBEAT_S, GroupLost
+from worker_svc.parallel.group import HEARTBEAT_S, GroupLost
+from worker_svc.parallel.layout import exit_group_lost
 
 log = logging.getLogger(__name__)
 
@@ -278,8 +278,7 @@ def group_lost(e: GroupLost) -> NoReturn:
     """A rank of this group is gone: this process's state is worthless, so it exits at once
     (the scheduler sees the worker go, moves its jobs; the supervisor restarts the group)."""
     log.error("worker group lost: %s; exiting", e)
-    logging.shutdown()
-    os._exit(EXIT_GROUP_LOST)
+    exit_group_lost()
 
 
 def _fail_all(request: pb.StepRequest, message: str) -> StepOutcome:

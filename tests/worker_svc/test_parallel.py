@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import multiprocessing
 import queue
-import socket
 import threading
 
 import pytest
 import torch
 from engine_driver import DriverJob, drive
 
+from fastserve.ports import free_port
 from worker_svc.engine import Engine
 from worker_svc.kv_pool import KVPool, KVPoolConfig
 from worker_svc.loader import EngineConfig, load_engine
@@ -261,9 +261,7 @@ def _command_rank(rank, address, out_q, resume):
 def test_rank_0_gives_up_on_a_follower_that_stops_listening_within_the_group_timeout():
     """A gloo send finishes only once the receiver posts its receive: rank 0 must not wait the
     followers' long command wait (24 s) for a follower that will never listen again."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{s.getsockname()[1]}"
+    address = f"127.0.0.1:{free_port()}"
     ctx = multiprocessing.get_context("spawn")
     out_q, resume = ctx.Queue(), ctx.Event()
     procs = [ctx.Process(target=_command_rank, args=(r, address, out_q, resume))

@@ -3,7 +3,10 @@ group (group.py), the pipeline's links (pipe.py) and everything that runs a Step
 
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import dataclass
+from typing import NoReturn
 
 # Rank 0 sends every rank an empty Step when it has sent none for this long (server.py), so
 # commands never stop for long, even in an idle group...
@@ -17,6 +20,14 @@ EXIT_GROUP_LOST = 75
 
 class GroupLost(RuntimeError):
     """A rank of this group died, hung, was cut off, or disagrees: the group's state is gone."""
+
+
+def exit_group_lost() -> NoReturn:
+    """End this rank at once with ``EXIT_GROUP_LOST``, its log flushed: its state is worthless,
+    and tearing down process groups whose links are broken can abort the process (gloo)
+    instead of letting it exit with the status the supervisor reads."""
+    logging.shutdown()
+    os._exit(EXIT_GROUP_LOST)
 
 
 @dataclass(frozen=True)
