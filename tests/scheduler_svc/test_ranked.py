@@ -92,6 +92,13 @@ def test_walks_and_places_match_a_full_sort(seed: int, bucket: int, static: bool
                 break
             got.append(job.job_id)
         assert (got, skip.passed) == _expected(jobs, floor_of, claimed, key)
+        # The least key a walk with a floor would read, some started jobs left out (a batch).
+        started = [j for j in full if j.started]
+        leave = {j.job_id for j in rng.sample(started, min(len(started), 3))}
+        floor = rng.choice([ranked.NEVER, base])
+        assert r.least_key(leave, floor) == min(
+            (key(j) for j in full if j.job_id not in leave
+             and (j.started or ranked.need(j) <= floor)), default=None)
         for job in jobs.values():  # made a token: keys of started jobs move
             if job.started and rng.random() < 0.5 and len(job.output) < job.max_tokens:
                 job.output.append(0)
