@@ -7,9 +7,10 @@ every iteration, and the batcher's walk then read each one that ranked above a j
 run. Under overload most live jobs have never run, and their keys do not change until they
 do: they are kept here in key order, in buckets that know their smallest ``need`` (tokens of
 the prompt plus one, what a job that has not run needs blocks for), so the walk passes a
-whole bucket of jobs that cannot fit at one comparison (``WalkSkip``). The jobs that have
-run (their keys move as they make tokens) are sorted once per Step; there are as many of
-them as the device and the store can hold.
+whole bucket of jobs that cannot fit at one comparison, and the jobs of a bucket before the
+next started job at one bisection (``WalkSkip``). The jobs that have run (their keys move as
+they make tokens) are keyed again before each walk and sorted from their last order; there
+are as many of them as the device and the store can hold.
 """
 
 from __future__ import annotations
@@ -170,9 +171,8 @@ class Fresh:
 
 class FreshWalk:
     """``Fresh.walk``: an iterator over a ``Fresh`` merged with the started jobs, its place
-    kept in fields (compiled, a generator keeps every local in an object of its own, and
-    each read of one costs a reference count: 16% of a ``srpt-oracle`` run was that). The
-    jobs must not change while it is read."""
+    (bucket, place in it, started jobs handed out) kept in fields from one job to the next.
+    The jobs must not change while it is read."""
 
     def __init__(self, fresh: Fresh, ran: list[tuple[Key, Job]], skip: WalkSkip | None):
         self.fresh = fresh
