@@ -22,7 +22,10 @@ from scheduler_svc.core.job import Job
 from scheduler_svc.core.policies.bucket_index import BucketIndex
 
 # (primary key, secondary, tertiary): unique per job (the job id is in it), compared as is.
-Key = tuple[float, int, int]
+# Typed as a tuple of any length so that mypyc keeps keys as the tuple objects they are:
+# a fixed-length tuple type is unboxed into a C struct at every read from a list and boxed
+# again, a new tuple, at every comparison, bisection or store.
+Key = tuple[float, ...]
 
 # Jobs per bucket: a bucket splits at twice this. Small enough that an insertion or a
 # removal (a list shift) is cheap, large enough that passing the buckets of a long queue is.
