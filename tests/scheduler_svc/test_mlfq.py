@@ -155,8 +155,9 @@ def test_every_rule_holds_and_every_job_finishes(jobs, policy, batch, budget, bl
         # limit (starve_limit x 2^times promoted), so no job waits more than that plus one
         # iteration.
         for jid in pol.level:
-            assert t <= pol.deadline[jid] or pol.level[jid] == 0
-            assert pol.deadline[jid] - t <= starve * 2 ** pol.times_promoted.get(jid, 0) + 1e-9
+            assert t <= pol.starvation.deadline(jid) or pol.level[jid] == 0
+            assert (pol.starvation.deadline(jid) - t
+                    <= starve * 2 ** pol.starvation.times_promoted(jid) + 1e-9)
         if plan is None:
             t = pending[0][1][2] if pending else t + 0.01
             continue

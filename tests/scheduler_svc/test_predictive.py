@@ -58,7 +58,7 @@ def test_a_starving_job_goes_to_the_front_with_a_limit_that_grows_with_its_size_
     assert [j.job_id for j in pol.order(7.53)] == [0, 1] and pol.num_promotions == 2
     # A job with nothing predicted waits the plain limit.
     core.add(make_job(2, max_tokens=100), 7.6)
-    assert pol.starvation.deadline[2] == pytest.approx(8.6)
+    assert pol.starvation.deadline(2) == pytest.approx(8.6)
 
 
 @pytest.mark.parametrize("starve_tokens", [None, 2.0, 16.0])
@@ -69,8 +69,8 @@ def test_the_starvation_limit_grows_by_one_limit_per_starve_tokens_predicted(sta
     core.add(make_job(0, max_tokens=100, predicted_output_tokens=24.0), 1.0)
     core.add(make_job(1, max_tokens=100), 1.0)  # nothing predicted: the plain limit
     want = 1.0 + 2.0 * (1 + 24 / per_limit)
-    assert core.policy.starvation.deadline[0] == pytest.approx(want)
-    assert core.policy.starvation.deadline[1] == pytest.approx(3.0)
+    assert core.policy.starvation.deadline(0) == pytest.approx(want)
+    assert core.policy.starvation.deadline(1) == pytest.approx(3.0)
     b = core.jobs[1]
     core.policy.on_iteration([b], 0.01, want - 0.02)  # job 1 runs; job 0 waits
     assert [j.job_id for j in core.policy.order(want - 0.01)] == [1, 0]

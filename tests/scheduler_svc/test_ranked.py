@@ -22,6 +22,10 @@ def _static_key(job: Job) -> tuple[float, int, int]:
     return (float(len(job.prompt) % 7), job.job_id, 0)
 
 
+def _never(job: Job) -> tuple[float, int, int]:
+    raise AssertionError("a key computed where the table holds it")
+
+
 def _job(jid: int, rng: random.Random) -> Job:
     prompt = [1] * rng.choice([1, 2, 5, 17, 40, 90, 300])
     return Job(jid, prompt, max_tokens=rng.randrange(1, 60), arrival_time=0.0)
@@ -43,13 +47,16 @@ def _expected(jobs: dict[int, Job], floor_of, claimed: set[int],
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("bucket", [1, 3, 64])
-@pytest.mark.parametrize("static", [False, True], ids=["moving", "static"])
-def test_walks_and_places_match_a_full_sort(seed: int, bucket: int, static: bool,
+@pytest.mark.parametrize("mode", ["moving", "static", "kept"])
+def test_walks_and_places_match_a_full_sort(seed: int, bucket: int, mode: str,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ranked, "BUCKET", bucket)
     rng = random.Random(seed)
+    static = mode == "static"
     key = _static_key if static else _key
-    r = Ranked(key, static)
+    # "kept": the keys read from a table the owner keeps (as the MLFQ does), never computed.
+    keys: dict[int, tuple[float, ...]] | None = {} if mode == "kept" else None
+    r = (Ranked(_never, keys=keys) if keys is not None else Ranked(key, static=static))
     jobs: dict[int, Job] = {}
     next_id = 0
     for _ in range(40):
@@ -57,6 +64,8 @@ def test_walks_and_places_match_a_full_sort(seed: int, bucket: int, static: bool
             job = _job(next_id, rng)
             next_id += 1
             jobs[job.job_id] = job
+            if keys is not None:
+                keys[job.job_id] = key(job)
             r.add(job)
         for job in rng.sample(list(jobs.values()), min(len(jobs), rng.randrange(0, 8))):
             del jobs[job.job_id]  # finished or cancelled
@@ -103,6 +112,8 @@ def test_walks_and_places_match_a_full_sort(seed: int, bucket: int, static: bool
             if job.started and rng.random() < 0.5 and len(job.output) < job.max_tokens:
                 job.output.append(0)
                 job.kv.num_computed = job.num_tokens - 1
+                if keys is not None:
+                    keys[job.job_id] = key(job)
         r.settle()  # as a policy does when a Step's results come
     assert len(r) == len(jobs)
 

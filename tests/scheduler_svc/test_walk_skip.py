@@ -58,7 +58,7 @@ def _reference(policy) -> list[int]:
     if policy.name in ("mlfq", "skip-join-mlfq"):
         jobs = policy._jobs.values()
         return [j.job_id for j in sorted(
-            jobs, key=lambda j: (policy.level[j.job_id], policy._place_of[j.job_id]))]
+            jobs, key=lambda j: (policy.level[j.job_id], policy._key(j)))]
     if policy.name == "predictive":
         boosted = policy._boosted
         return [j.job_id for j in sorted(

@@ -17,14 +17,13 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable
 
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.cost_model import CostModel
 from scheduler_svc.core.job import Job
 from scheduler_svc.core.policies.base import Policy, register
-from scheduler_svc.core.policies.ranked import NEVER, Key, Ranked, WalkSkip
+from scheduler_svc.core.policies.ranked import NEVER, FreshWalk, Key, Ranked, WalkSkip
 from scheduler_svc.core.policies.repeated_sum import add_repeatedly
 from scheduler_svc.core.policies.starvation import StarvationClock
 
@@ -43,23 +42,31 @@ class SkipJoinMLFQ(Policy):
         # Each queue in order of place: a job put at a queue's tail takes the next place up,
         # one returned to its head the next place down (an ordered dict, kept as ``Ranked``
         # so the walk can pass the jobs that have not run and cannot).
-        self._queues = [Ranked(self._key) for _ in range(config.mlfq_num_queues)]
+        # A job's key is its place, kept as the tuple itself from one change to the next (read
+        # by each queue's walk, not computed per read).
+        self._key_of: dict[int, Key] = {}
+        self._queues = [Ranked(self._key, self._key_of)
+                        for _ in range(config.mlfq_num_queues)]
         self._jobs: dict[int, Job] = {}
-        self._place_of: dict[int, int] = {}
         self._tail = self._head = 0
         self.level: dict[int, int] = {}
         self.service: dict[int, float] = {}
         self.starvation = StarvationClock(config.starve_limit_s)
-        self.deadline = self.starvation.deadline  # when each job starves if it does not run
-        self.times_promoted = self.starvation.times_promoted
+        self._decode_s = cost_model.decode_time(1)
+        self._prefill_s: dict[int, float] = {}
 
     def next_iteration_time(self, job: Job) -> float:
-        """Predicted time of the job's next iteration: a prefill chunk or one decode."""
-        assert self.cost_model is not None
+        """Predicted time of the job's next iteration: a prefill chunk or one decode (the
+        cost model's times, read once per chunk size: it is fixed, and interpreted code)."""
         pending = job.num_pending
         if pending <= 1:
-            return self.cost_model.decode_time(1)
-        return self.cost_model.prefill_time(min(pending, self.config.max_batched_tokens))
+            return self._decode_s
+        n = min(pending, self.config.max_batched_tokens)
+        t = self._prefill_s.get(n)
+        if t is None:
+            assert self.cost_model is not None
+            t = self._prefill_s[n] = self.cost_model.prefill_time(n)
+        return t
 
     def level_for(self, t: float, start: int = 0) -> int:
         """The first queue at or below ``start`` whose quantum covers ``t``."""
@@ -77,7 +84,7 @@ class SkipJoinMLFQ(Policy):
         self.starvation.touch(jid, now)
 
     def _key(self, job: Job) -> Key:
-        return (0.0, self._place_of[job.job_id], 0)
+        return self._key_of[job.job_id]
 
     def _place(self, job: Job, lvl: int) -> None:
         """At the tail of queue ``lvl``, with no service in it yet."""
@@ -86,7 +93,7 @@ class SkipJoinMLFQ(Policy):
         self.service[jid] = 0.0
         self._jobs[jid] = job
         self._tail += 1
-        self._place_of[jid] = self._tail
+        self._key_of[jid] = (0.0, self._tail, 0)
         self._queues[lvl].add(job)
 
     def remove(self, job: Job) -> None:
@@ -94,7 +101,7 @@ class SkipJoinMLFQ(Policy):
         lvl = self.level.pop(jid, None)
         if lvl is not None:
             self._queues[lvl].remove(jid)
-            del self.service[jid], self._jobs[jid], self._place_of[jid]
+            del self.service[jid], self._jobs[jid], self._key_of[jid]
             self.starvation.forget(jid)
 
     def order(self, now: float) -> Iterable[Job]:
@@ -104,7 +111,7 @@ class SkipJoinMLFQ(Policy):
         for queue in self._queues:
             queue.settle()
         self._promote_starving(now)
-        return itertools.chain.from_iterable(q.walk(skip) for q in self._queues)
+        return QueuesWalk(self._queues, skip)
 
     def _promote_starving(self, now: float) -> None:
         for jid in self.starvation.starving(now):
@@ -124,22 +131,25 @@ class SkipJoinMLFQ(Policy):
         for queue in self._queues:
             queue.settle()
         stay: list[Job] = []
+        level, service, quanta = self.level, self.service, self.quanta
+        last = len(quanta) - 1
         for job in ran:
             jid = job.job_id
-            if jid not in self.level:
+            lvl = level.get(jid)
+            if lvl is None:
                 continue
             self._touch(jid, now)
-            self.service[jid] += elapsed_s
-            lvl = self.level[jid]
-            if self.service[jid] > self.quanta[lvl] and lvl < len(self.quanta) - 1:
+            service[jid] = s = service[jid] + elapsed_s
+            if s > quanta[lvl] and lvl < last:
                 self._queues[lvl].remove(jid)
                 self._place(job, self.level_for(self.next_iteration_time(job), lvl + 1))
                 self.num_demotions += 1
             else:
                 stay.append(job)
+        key_of = self._key_of
         for job in reversed(stay):  # back to the head, keeping their batch order
             self._head -= 1
-            self._place_of[job.job_id] = self._head  # a job that ran: its key is read anew
+            key_of[job.job_id] = (0.0, self._head, 0)  # a job that ran: its key is read anew
 
     def steady_iterations(self, batch: list[Job], iteration_s: float,
                           starts: list[float], floor: int = NEVER) -> int:
@@ -168,8 +178,8 @@ class SkipJoinMLFQ(Policy):
         """By queue, then place (a demoted job at its new queue's tail); first unless a job
         the walk reads (one that has run, or needs at most ``floor``) is in a queue above the
         last of them, or in its queue before it."""
-        level, place = self.level, self._place_of
-        order = sorted(batch, key=lambda j: (level[j.job_id], place[j.job_id]))
+        level, key_of = self.level, self._key_of
+        order = sorted(batch, key=lambda j: (level[j.job_id], key_of[j.job_id]))
         ids = {j.job_id for j in batch}
         last = order[-1].job_id
         bottom = level[last] if full else len(self._queues) - 1
@@ -230,6 +240,32 @@ class SkipJoinMLFQ(Policy):
 
     def queues(self) -> list[tuple[str, int]]:
         return [(f"Q{i + 1}", len(q)) for i, q in enumerate(self._queues)]
+
+
+class QueuesWalk:
+    """The queues' walks one after another, Q1 first, as one iterator: each queue's walk is
+    begun once the one before it ends, and read with ``next_job`` (no generator between)."""
+
+    def __init__(self, queues: list[Ranked], skip: WalkSkip | None):
+        self.queues = queues
+        self.skip = skip
+        self.i = 0  # queues begun
+        self.walk: FreshWalk | None = None
+
+    def __iter__(self) -> QueuesWalk:
+        return self
+
+    def __next__(self) -> Job:
+        while True:
+            walk = self.walk
+            if walk is not None:
+                job = walk.next_job()
+                if job is not None:
+                    return job
+            if self.i == len(self.queues):
+                raise StopIteration
+            self.walk = self.queues[self.i].walk(self.skip)
+            self.i += 1
 
 
 class NaiveMLFQ(SkipJoinMLFQ):

@@ -22,7 +22,7 @@ class _SortedPolicy(Policy):
 
     def __init__(self, config: SchedulerConfig, cost_model: CostModel | None = None):
         super().__init__(config, cost_model)
-        self._ranked = Ranked(self._full_key, self.static_keys)
+        self._ranked = Ranked(self._full_key, static=self.static_keys)
 
     def key(self, job: Job) -> float:
         raise NotImplementedError

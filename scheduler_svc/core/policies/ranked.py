@@ -272,10 +272,15 @@ class Ranked:
     run until its ``start`` (a policy re-adds a job whose key it changes); the policy calls
     ``settle`` before each walk and whenever keys of started jobs may have moved since.
     ``static``: no job's key ever moves (``fixed-priority``), so the started jobs stay sorted
-    from one Step to the next, each one placed as it starts, instead of sorted per walk."""
+    from one Step to the next, each one placed as it starts, instead of sorted per walk.
+    ``keys``: where the policy keeps every job's key (by job id), read in place of calling
+    ``key`` (which must agree with it): a read, not a call through a Python callable and a
+    new tuple, for each started job at each walk."""
 
-    def __init__(self, key: Callable[[Job], Key], static: bool = False):
+    def __init__(self, key: Callable[[Job], Key], keys: dict[int, Key] | None = None,
+                 static: bool = False):
         self.key = key
+        self.keys = keys
         self.static = static
         self.fresh = Fresh()
         self.ran: dict[int, Job] = {}
@@ -302,7 +307,7 @@ class Ranked:
             self.ran[job.job_id] = job
             self._placed(job)
         else:
-            self.fresh.add(job, self.key(job))
+            self.fresh.add(job, self._key(job))
 
     def remove(self, job_id: int) -> bool:
         """Take the job out; whether it was here."""
@@ -313,7 +318,7 @@ class Ranked:
             if ran is None:
                 return True
             if self.static:
-                i = bisect_left(ran, self.key(job), key=_first)
+                i = bisect_left(ran, self._key(job), key=_first)
                 assert ran[i][1] is job, "a static key moved"
                 del ran[i]
             else:
@@ -330,7 +335,7 @@ class Ranked:
         ran = self._ran_sorted
         if ran is None:
             return
-        key = self.key(job)
+        key = self._key(job)
         if self.static:
             ran.insert(bisect_left(ran, key, key=_first), (key, job))
         else:
@@ -354,17 +359,26 @@ class Ranked:
                 self._placed(job)
             self.starting.clear()
 
-    def _sorted(self, jobs: Iterable[Job]) -> list[tuple[Key, Job]]:
+    def _key(self, job: Job) -> Key:
+        keys = self.keys
+        return self.key(job) if keys is None else keys[job.job_id]
+
+    def _keyed(self, jobs: Iterable[Job]) -> list[tuple[Key, Job]]:
+        keys = self.keys
+        if keys is not None:
+            return [(keys[j.job_id], j) for j in jobs]
         key = self.key
-        return sorted([(key(j), j) for j in jobs], key=_first)
+        return [(key(j), j) for j in jobs]
+
+    def _sorted(self, jobs: Iterable[Job]) -> list[tuple[Key, Job]]:
+        return sorted(self._keyed(jobs), key=_first)
 
     def _ran_in_order(self) -> list[tuple[Key, Job]]:
         ran = self._ran_sorted
         if ran is None:
             ran = self._ran_sorted = self._sorted(self.ran.values())
         elif self._moved:
-            key = self.key
-            ran[:] = [(key(j), j) for _, j in ran]
+            ran[:] = self._keyed([j for _, j in ran])
             ran.sort(key=_first)
         self._moved = False
         return ran
@@ -391,8 +405,12 @@ class Ranked:
         """The smallest key of a job here not in ``leave_out``, of the jobs that have not run
         only those with a need of at most ``floor`` (the others a walk with that floor passes;
         ``NEVER``: every job); None when there is none."""
-        key = self.key
-        keys = [key(j) for jid, j in self.ran.items() if jid not in leave_out]
+        key_of = self.keys
+        if key_of is not None:
+            keys = [key_of[jid] for jid in self.ran if jid not in leave_out]
+        else:
+            key = self.key
+            keys = [key(j) for jid, j in self.ran.items() if jid not in leave_out]
         fresh = self.fresh
         if floor >= NEVER:
             if fresh.keys:

@@ -21,55 +21,78 @@ import heapq
 from collections.abc import Iterator
 
 
+class _Wait:
+    """One job's starvation state: its deadline, its entry in the heap, its promotions."""
+
+    def __init__(self) -> None:
+        self.deadline = 0.0
+        self.queued = 0.0  # its one entry in the heap (at most its deadline), if ``entered``
+        self.entered = False
+        self.backoff = 1.0  # 2 ^ times promoted, by which its limit is multiplied
+        self.times_promoted = 0
+
+
 class StarvationClock:
     def __init__(self, limit_s: float):
         self.limit_s = limit_s
-        self.deadline: dict[int, float] = {}
-        self.times_promoted: dict[int, int] = {}
+        self._of: dict[int, _Wait] = {}  # per live job, one record: a lookup per touch
         self._waits: list[tuple[float, int]] = []
-        self._queued: dict[int, float] = {}  # each job's one entry in _waits: at most its deadline
 
     def touch(self, jid: int, now: float, scale: float = 1.0) -> None:
         """The job ran (or arrived, or was promoted) at ``now``: its deadline starts over."""
-        backoff = 2 ** self.times_promoted.get(jid, 0)
-        self.deadline[jid] = deadline = now + self.limit_s * scale * backoff
-        queued = self._queued.get(jid)
-        if queued is None or queued > deadline:
+        w = self._of.get(jid)
+        if w is None:
+            w = self._of[jid] = _Wait()
+        w.deadline = deadline = now + self.limit_s * scale * w.backoff
+        if not w.entered or w.queued > deadline:
             # No touch from now on gives an earlier deadline.
-            early = now + self.limit_s * min(scale, 1.0) * backoff
-            self._queued[jid] = early
+            early = now + self.limit_s * min(scale, 1.0) * w.backoff
+            w.queued, w.entered = early, True
             heapq.heappush(self._waits, (early, jid))
 
     def forget(self, jid: int) -> None:
-        del self.deadline[jid]
-        self.times_promoted.pop(jid, None)
+        del self._of[jid]
 
     def promoted(self, jid: int) -> None:
         """Count a promotion: the job's next limit is twice this one."""
-        self.times_promoted[jid] = self.times_promoted.get(jid, 0) + 1
+        w = self._of.get(jid)
+        if w is None:
+            w = self._of[jid] = _Wait()
+        w.times_promoted += 1
+        w.backoff *= 2.0
+
+    def deadline(self, jid: int) -> float:
+        """When the job starves if it does not run (it must have been touched)."""
+        return self._of[jid].deadline
+
+    def times_promoted(self, jid: int) -> int:
+        w = self._of.get(jid)
+        return 0 if w is None else w.times_promoted
+
+    def deadlines(self) -> dict[int, float]:
+        """Every live job's deadline."""
+        return {jid: w.deadline for jid, w in self._of.items()}
 
     def _settle(self, until: float) -> None:
         """Until the heap's first entry is a live job's deadline itself or not before
         ``until``: entries left behind (by an earlier entry, or a job gone) dropped, early
         ones moved to their deadline. Entries after ``until`` stay as they are: a running
         job's moves with every touch."""
-        waits, queued, deadline = self._waits, self._queued, self.deadline
+        waits, of = self._waits, self._of
         while waits:
             at, jid = waits[0]
             if at > until:
                 return
-            if queued.get(jid) != at:
-                heapq.heappop(waits)  # superseded by an earlier entry of the job
+            w = of.get(jid)
+            if w is None or not w.entered or w.queued != at:
+                heapq.heappop(waits)  # the job gone, or superseded by an earlier entry
                 continue
-            due = deadline.get(jid)
+            due = w.deadline
             if due == at:
                 return
-            if due is None:  # gone
-                del queued[jid]
-                heapq.heappop(waits)
-            else:  # early: the job ran since it was pushed
-                queued[jid] = due
-                heapq.heapreplace(waits, (due, jid))
+            # early: the job ran since it was pushed
+            w.queued = due
+            heapq.heapreplace(waits, (due, jid))
 
     def starving(self, now: float) -> Iterator[int]:
         """The jobs whose deadline has passed by ``now``, each once per deadline (the caller
@@ -80,7 +103,7 @@ class StarvationClock:
             if not waits or not now > waits[0][0]:
                 return
             _, jid = heapq.heappop(waits)
-            del self._queued[jid]
+            self._of[jid].entered = False
             yield jid
 
     def next_deadline(self, until: float = float("inf")) -> float:
@@ -97,4 +120,4 @@ class StarvationClock:
         return bisect.bisect_right(starts, self.next_deadline(starts[-1]))
 
     def time_left(self, jid: int, now: float) -> float:
-        return max(self.deadline[jid] - now, 0.0)
+        return max(self._of[jid].deadline - now, 0.0)
