@@ -377,7 +377,7 @@ class Ranked:
         ran = self._ran_sorted
         if ran is None:
             ran = self._ran_sorted = self._sorted(self.ran.values())
-        elif self._moved:
+        elif self._moved and ran:
             ran[:] = self._keyed([j for _, j in ran])
             ran.sort(key=_first)
         self._moved = False
