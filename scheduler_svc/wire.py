@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastserve.proto import worker_pb2 as wpb
 from scheduler_svc.core.contract import StepPlan, StepResult, TokenResult
 from scheduler_svc.core.job import Sampling
+from scheduler_svc.core.job_id import JobId
 
 
 def sampling_to_proto(s: Sampling) -> wpb.SamplingParams:
@@ -47,7 +48,7 @@ def result_from_proto(msg: wpb.StepResponse) -> StepResult:
     return StepResult(
         results=[
             TokenResult(
-                r.job_id, r.num_computed_tokens,
+                JobId(r.job_id), r.num_computed_tokens,
                 r.token_id if r.HasField("token_id") else None,
                 r.logprob if r.HasField("logprob") else None,
                 (r.predicted_remaining_tokens if r.HasField("predicted_remaining_tokens")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scheduler_svc.core.job import Job, Sampling
+from scheduler_svc.core.job_id import JobId
 
 
 @dataclass
@@ -34,7 +35,7 @@ class NewJobSpec:
 class Command:
     """Compute ``num_tokens`` more tokens of a job, after appending ``append_block_ids``."""
 
-    job_id: int
+    job_id: JobId
     num_tokens: int
     append_block_ids: list[int]
     # Tokens whose KV the job holds once this command ran; the job samples its next token when
@@ -42,7 +43,7 @@ class Command:
     num_computed: int
     samples: bool
 
-    def __init__(self, job_id: int, num_tokens: int, append_block_ids: list[int],
+    def __init__(self, job_id: JobId, num_tokens: int, append_block_ids: list[int],
                  num_computed: int = 0, samples: bool = False):
         self.job_id = job_id
         self.num_tokens = num_tokens
@@ -105,14 +106,14 @@ class StepPlan:
 
 @dataclass(init=False)
 class TokenResult:
-    job_id: int
+    job_id: JobId
     num_computed: int
     token_id: int | None
     logprob: float | None
     # The worker's predicted output tokens still to come after token_id, when it predicts.
     predicted_remaining: float | None
 
-    def __init__(self, job_id: int, num_computed: int, token_id: int | None = None,
+    def __init__(self, job_id: JobId, num_computed: int, token_id: int | None = None,
                  logprob: float | None = None, predicted_remaining: float | None = None):
         self.job_id = job_id
         self.num_computed = num_computed

@@ -390,7 +390,7 @@ class GroupCore:
         (``steady.window``), as the next Step's walk would have formed it."""
         plan = self.repeatable_plan
         assert plan is not None
-        place = {j.job_id: i for i, j in enumerate(batch)}
+        place: dict[int, int] = {j.job_id: i for i, j in enumerate(batch)}
         plan.commands.sort(key=lambda c: place[c.job_id])
         self._moves_at_plan = self.policy.num_demotions + self.policy.num_promotions
 

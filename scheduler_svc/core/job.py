@@ -10,6 +10,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from scheduler_svc.core.job_id import JobId
+
 
 class JobStatus(enum.IntEnum):
     """Ordered: every status after RUNNING is terminal."""
@@ -76,7 +78,7 @@ NO_SAMPLING = Sampling()  # the default (frozen: shared)
 class Job:
     """One request; ``kv`` is its placement on the worker group that runs it."""
 
-    job_id: int
+    job_id: JobId
     prompt: list[int]
     max_tokens: int
     arrival_time: float
@@ -119,7 +121,7 @@ class Job:
                  num_offloads: int = 0, predicted_output_tokens: float | None = None,
                  first_predicted_output_tokens: float | None = None,
                  output_length_hint: int | None = None, length_cap: int | None = None):
-        self.job_id = job_id
+        self.job_id = JobId(job_id)
         self.prompt = prompt
         self.max_tokens = max_tokens
         self.arrival_time = arrival_time

@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.cost_model import CostModel
 from scheduler_svc.core.job import Job
+from scheduler_svc.core.job_id import JobId
 from scheduler_svc.core.policies.base import Policy, register
 from scheduler_svc.core.policies.ranked import NEVER, FreshWalk, Key, Ranked, WalkSkip
 from scheduler_svc.core.policies.repeated_sum import add_repeatedly
@@ -80,7 +81,7 @@ class SkipJoinMLFQ(Policy):
         self._place(job, lvl)
         self._touch(job.job_id, now)
 
-    def _touch(self, jid: int, now: float) -> None:
+    def _touch(self, jid: JobId, now: float) -> None:
         self.starvation.touch(jid, now)
 
     def _key(self, job: Job) -> Key:
@@ -180,7 +181,7 @@ class SkipJoinMLFQ(Policy):
         last of them, or in its queue before it."""
         level, key_of = self.level, self._key_of
         order = sorted(batch, key=lambda j: (level[j.job_id], key_of[j.job_id]))
-        ids = {j.job_id for j in batch}
+        ids: set[int] = {j.job_id for j in batch}
         last = order[-1].job_id
         bottom = level[last] if full else len(self._queues) - 1
         for lvl in range(bottom + 1):

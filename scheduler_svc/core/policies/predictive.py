@@ -175,7 +175,7 @@ class Predictive(Policy):
         if self._starving_read(floor):
             return 0
         limit = self.starvation.none_starve(starts)
-        ids = {job.job_id for job in batch}
+        ids: set[int] = {job.job_id for job in batch}
         least = self._ranked.least_key(ids, floor)
         made = [len(job.output) for job in batch]
         for k in range(limit):

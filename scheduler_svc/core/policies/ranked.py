@@ -407,7 +407,7 @@ class Ranked:
         ``NEVER``: every job); None when there is none."""
         key_of = self.keys
         if key_of is not None:
-            keys = [key_of[jid] for jid in self.ran if jid not in leave_out]
+            keys = [key_of[j.job_id] for j in self.ran.values() if j.job_id not in leave_out]
         else:
             key = self.key
             keys = [key(j) for jid, j in self.ran.items() if jid not in leave_out]

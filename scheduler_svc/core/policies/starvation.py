@@ -20,6 +20,8 @@ import bisect
 import heapq
 from collections.abc import Iterator
 
+from scheduler_svc.core.job_id import JobId
+
 
 class _Wait:
     """One job's starvation state: its deadline, its entry in the heap, its promotions."""
@@ -36,9 +38,9 @@ class StarvationClock:
     def __init__(self, limit_s: float):
         self.limit_s = limit_s
         self._of: dict[int, _Wait] = {}  # per live job, one record: a lookup per touch
-        self._waits: list[tuple[float, int]] = []
+        self._waits: list[tuple[float, JobId]] = []
 
-    def touch(self, jid: int, now: float, scale: float = 1.0) -> None:
+    def touch(self, jid: JobId, now: float, scale: float = 1.0) -> None:
         """The job ran (or arrived, or was promoted) at ``now``: its deadline starts over."""
         w = self._of.get(jid)
         if w is None:
@@ -50,10 +52,10 @@ class StarvationClock:
             w.queued, w.entered = early, True
             heapq.heappush(self._waits, (early, jid))
 
-    def forget(self, jid: int) -> None:
+    def forget(self, jid: JobId) -> None:
         del self._of[jid]
 
-    def promoted(self, jid: int) -> None:
+    def promoted(self, jid: JobId) -> None:
         """Count a promotion: the job's next limit is twice this one."""
         w = self._of.get(jid)
         if w is None:
@@ -94,7 +96,7 @@ class StarvationClock:
             w.queued = due
             heapq.heapreplace(waits, (due, jid))
 
-    def starving(self, now: float) -> Iterator[int]:
+    def starving(self, now: float) -> Iterator[JobId]:
         """The jobs whose deadline has passed by ``now``, each once per deadline (the caller
         promotes them, or not, and may ``touch`` them while iterating)."""
         waits = self._waits
