@@ -94,7 +94,7 @@ class SkipJoinMLFQ(Policy):
         self.service[jid] = 0.0
         self._jobs[jid] = job
         self._tail += 1
-        self._key_of[jid] = (0.0, self._tail, 0)
+        self._key_of[jid] = (float(self._tail),)
         self._queues[lvl].add(job)
 
     def remove(self, job: Job) -> None:
@@ -150,7 +150,7 @@ class SkipJoinMLFQ(Policy):
         key_of = self._key_of
         for job in reversed(stay):  # back to the head, keeping their batch order
             self._head -= 1
-            key_of[job.job_id] = (0.0, self._head, 0)  # a job that ran: its key is read anew
+            key_of[job.job_id] = (float(self._head),)  # a job that ran: its key is read anew
 
     def steady_iterations(self, batch: list[Job], iteration_s: float,
                           starts: list[float], floor: int = NEVER) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable
+from operator import itemgetter
 
 from scheduler_svc.core.job import Job
 from scheduler_svc.core.policies.bucket_index import BucketIndex
@@ -426,5 +427,6 @@ class Ranked:
         return {j.job_id: offset + i for i, j in self.places()}
 
 
-def _first(item: tuple[Key, Job]) -> Key:
-    return item[0]
+# A (key, job) pair's key, for sorts and bisections: a C function (a compiled one is called
+# through Python's call protocol, 250 instructions a call).
+_first = itemgetter(0)
