@@ -109,6 +109,9 @@ class Job:
     # What bounds the answer for a predictor: max_tokens, unless set (the simulator ends a
     # job at its true length through max_tokens, and states the real bound here).
     length_cap: int | None
+    # The job's key in its policy's order, where the policy keeps keys rather than computes
+    # them (the MLFQ: its place in its queue); read by ``Ranked`` with ``kept``.
+    rank_key: tuple[float, ...]
 
     def __init__(self, job_id: int, prompt: list[int], max_tokens: int, arrival_time: float,
                  sampling: Sampling = NO_SAMPLING, request_id: str = "",
@@ -144,6 +147,7 @@ class Job:
         self.first_predicted_output_tokens = first_predicted_output_tokens
         self.output_length_hint = output_length_hint
         self.length_cap = length_cap
+        self.rank_key = ()
 
     @property
     def output_cap(self) -> int:

@@ -220,7 +220,7 @@ def test_mlfq_enst_follows_the_formula():
     for i in range(3):  # job i to the tail of queue i
         pol._queues[0].remove(i)
         pol._place(core.jobs[i], i)
-    pol.service.update({0: 0.004, 1: 0.0, 2: 0.0})
+    pol._entry[0].service = 0.004  # jobs 1 and 2 have had none
     enst = pol.enst(0.0, 2, 0.01)
     assert enst[0] == 0.0
     # Job 1 (Q2) waits for job 0's remaining Q1 quantum and its whole Q2 quantum, over B=2.

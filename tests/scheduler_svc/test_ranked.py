@@ -54,9 +54,10 @@ def test_walks_and_places_match_a_full_sort(seed: int, bucket: int, mode: str,
     rng = random.Random(seed)
     static = mode == "static"
     key = _static_key if static else _key
-    # "kept": the keys read from a table the owner keeps (as the MLFQ does), never computed.
-    keys: dict[int, tuple[float, ...]] | None = {} if mode == "kept" else None
-    r = (Ranked(_never, keys=keys) if keys is not None else Ranked(key, static=static))
+    # "kept": the keys read from the jobs, where the owner keeps them (as the MLFQ does),
+    # never computed.
+    kept = mode == "kept"
+    r = Ranked(_never, kept=True) if kept else Ranked(key, static=static)
     jobs: dict[int, Job] = {}
     next_id = 0
     for _ in range(40):
@@ -64,8 +65,8 @@ def test_walks_and_places_match_a_full_sort(seed: int, bucket: int, mode: str,
             job = _job(next_id, rng)
             next_id += 1
             jobs[job.job_id] = job
-            if keys is not None:
-                keys[job.job_id] = key(job)
+            if kept:
+                job.rank_key = key(job)
             r.add(job)
         for job in rng.sample(list(jobs.values()), min(len(jobs), rng.randrange(0, 8))):
             del jobs[job.job_id]  # finished or cancelled
@@ -112,8 +113,8 @@ def test_walks_and_places_match_a_full_sort(seed: int, bucket: int, mode: str,
             if job.started and rng.random() < 0.5 and len(job.output) < job.max_tokens:
                 job.output.append(0)
                 job.kv.num_computed = job.num_tokens - 1
-                if keys is not None:
-                    keys[job.job_id] = key(job)
+                if kept:
+                    job.rank_key = key(job)
         r.settle()  # as a policy does when a Step's results come
     assert len(r) == len(jobs)
 

@@ -56,9 +56,8 @@ def test_passing_new_jobs_changes_no_plan(policy, kv, monkeypatch):
 def _reference(policy) -> list[int]:
     """The policy's order by a full sort of its live jobs."""
     if policy.name in ("mlfq", "skip-join-mlfq"):
-        jobs = policy._jobs.values()
-        return [j.job_id for j in sorted(
-            jobs, key=lambda j: (policy.level[j.job_id], policy._key(j)))]
+        entries = policy._entry.values()
+        return [e.job.job_id for e in sorted(entries, key=lambda e: (e.level, e.job.rank_key))]
     if policy.name == "predictive":
         boosted = policy._boosted
         return [j.job_id for j in sorted(

@@ -43,15 +43,12 @@ class SkipJoinMLFQ(Policy):
         # Each queue in order of place: a job put at a queue's tail takes the next place up,
         # one returned to its head the next place down (an ordered dict, kept as ``Ranked``
         # so the walk can pass the jobs that have not run and cannot).
-        # A job's key is its place, kept as the tuple itself from one change to the next (read
-        # by each queue's walk, not computed per read).
-        self._key_of: dict[int, Key] = {}
-        self._queues = [Ranked(self._key, self._key_of)
-                        for _ in range(config.mlfq_num_queues)]
-        self._jobs: dict[int, Job] = {}
+        # A job's key is its place, kept on the job (``Job.rank_key``) from one change to the
+        # next: read by each queue's walk, not computed per read.
+        self._queues = [Ranked(self._key, kept=True) for _ in range(config.mlfq_num_queues)]
         self._tail = self._head = 0
-        self.level: dict[int, int] = {}
-        self.service: dict[int, float] = {}
+        # Each job's queue and service there, in one record: a lookup per job per iteration.
+        self._entry: dict[int, _Entry] = {}
         self.starvation = StarvationClock(config.starve_limit_s)
         self._decode_s = cost_model.decode_time(1)
         self._prefill_s: dict[int, float] = {}
@@ -85,24 +82,30 @@ class SkipJoinMLFQ(Policy):
         self.starvation.touch(jid, now)
 
     def _key(self, job: Job) -> Key:
-        return self._key_of[job.job_id]
+        return job.rank_key
+
+    @property
+    def level(self) -> dict[int, int]:
+        """Each job's queue (0 is Q1)."""
+        return {jid: e.level for jid, e in self._entry.items()}
+
+    @property
+    def service(self) -> dict[int, float]:
+        """Each job's service in its queue so far."""
+        return {jid: e.service for jid, e in self._entry.items()}
 
     def _place(self, job: Job, lvl: int) -> None:
         """At the tail of queue ``lvl``, with no service in it yet."""
-        jid = job.job_id
-        self.level[jid] = lvl
-        self.service[jid] = 0.0
-        self._jobs[jid] = job
+        self._entry[job.job_id] = _Entry(job, lvl)
         self._tail += 1
-        self._key_of[jid] = (float(self._tail),)
+        job.rank_key = (float(self._tail),)
         self._queues[lvl].add(job)
 
     def remove(self, job: Job) -> None:
         jid = job.job_id
-        lvl = self.level.pop(jid, None)
-        if lvl is not None:
-            self._queues[lvl].remove(jid)
-            del self.service[jid], self._jobs[jid], self._key_of[jid]
+        entry = self._entry.pop(jid, None)
+        if entry is not None:
+            self._queues[entry.level].remove(jid)
             self.starvation.forget(jid)
 
     def order(self, now: float) -> Iterable[Job]:
@@ -116,41 +119,41 @@ class SkipJoinMLFQ(Policy):
 
     def _promote_starving(self, now: float) -> None:
         for jid in self.starvation.starving(now):
-            lvl = self.level[jid]
-            if lvl == 0:
+            entry = self._entry[jid]
+            if entry.level == 0:
                 continue  # already in Q1; it is pushed again when it next runs
-            self._queues[lvl].remove(jid)
-            self._place(self._jobs[jid], 0)
+            self._queues[entry.level].remove(jid)
+            self._place(entry.job, 0)
             self.starvation.promoted(jid)
             self._touch(jid, now)
             self.num_promotions += 1
 
     def on_start(self, job: Job) -> None:
-        self._queues[self.level[job.job_id]].start(job)
+        self._queues[self._entry[job.job_id].level].start(job)
 
     def on_iteration(self, ran: list[Job], elapsed_s: float, now: float) -> None:
         for queue in self._queues:
             queue.settle()
         stay: list[Job] = []
-        level, service, quanta = self.level, self.service, self.quanta
+        entries, quanta = self._entry, self.quanta
         last = len(quanta) - 1
         for job in ran:
             jid = job.job_id
-            lvl = level.get(jid)
-            if lvl is None:
+            entry = entries.get(jid)
+            if entry is None:
                 continue
             self._touch(jid, now)
-            service[jid] = s = service[jid] + elapsed_s
-            if s > quanta[lvl] and lvl < last:
+            entry.service += elapsed_s
+            lvl = entry.level
+            if entry.service > quanta[lvl] and lvl < last:
                 self._queues[lvl].remove(jid)
                 self._place(job, self.level_for(self.next_iteration_time(job), lvl + 1))
                 self.num_demotions += 1
             else:
                 stay.append(job)
-        key_of = self._key_of
         for job in reversed(stay):  # back to the head, keeping their batch order
             self._head -= 1
-            key_of[job.job_id] = (float(self._head),)  # a job that ran: its key is read anew
+            job.rank_key = (float(self._head),)  # a job that ran: its key is read anew
 
     def steady_iterations(self, batch: list[Job], iteration_s: float,
                           starts: list[float], floor: int = NEVER) -> int:
@@ -162,11 +165,11 @@ class SkipJoinMLFQ(Policy):
         k = self.starvation.none_starve(starts)
         last = len(self.quanta) - 1
         for job in batch:
-            jid = job.job_id
-            lvl = self.level[jid]
+            entry = self._entry[job.job_id]
+            lvl = entry.level
             if lvl == last:
                 continue
-            service, quantum, m = self.service[jid], self.quanta[lvl], 0
+            service, quantum, m = entry.service, self.quanta[lvl], 0
             while m < k:
                 service += iteration_s
                 m += 1
@@ -179,11 +182,10 @@ class SkipJoinMLFQ(Policy):
         """By queue, then place (a demoted job at its new queue's tail); first unless a job
         the walk reads (one that has run, or needs at most ``floor``) is in a queue above the
         last of them, or in its queue before it."""
-        level, key_of = self.level, self._key_of
-        order = sorted(batch, key=lambda j: (level[j.job_id], key_of[j.job_id]))
+        entries = self._entry
+        order = sorted(batch, key=lambda j: (entries[j.job_id].level, j.rank_key))
         ids: set[int] = {j.job_id for j in batch}
-        last = order[-1].job_id
-        bottom = level[last] if full else len(self._queues) - 1
+        bottom = entries[order[-1].job_id].level if full else len(self._queues) - 1
         for lvl in range(bottom + 1):
             first = self._queues[lvl].least_key(ids, floor)
             if first is not None and (not full or lvl < bottom or first < self._key(order[-1])):
@@ -235,12 +237,21 @@ class SkipJoinMLFQ(Policy):
                 t_promote = self.starvation.time_left(jid, now) if lvl else float("inf")
                 out[jid] = min(t_exec, t_promote)
                 ahead += 1
-                rem_sum += max(self.quanta[lvl] - self.service[jid], 0.0)
+                rem_sum += max(self.quanta[lvl] - self._entry[jid].service, 0.0)
                 below_sum += below[lvl + 1]
         return out
 
     def queues(self) -> list[tuple[str, int]]:
         return [(f"Q{i + 1}", len(q)) for i, q in enumerate(self._queues)]
+
+
+class _Entry:
+    """A job in the MLFQ: its queue, and its service there since it was placed."""
+
+    def __init__(self, job: Job, level: int):
+        self.job = job
+        self.level = level
+        self.service = 0.0
 
 
 class QueuesWalk:

@@ -274,14 +274,13 @@ class Ranked:
     ``settle`` before each walk and whenever keys of started jobs may have moved since.
     ``static``: no job's key ever moves (``fixed-priority``), so the started jobs stay sorted
     from one Step to the next, each one placed as it starts, instead of sorted per walk.
-    ``keys``: where the policy keeps every job's key (by job id), read in place of calling
-    ``key`` (which must agree with it): a read, not a call through a Python callable and a
-    new tuple, for each started job at each walk."""
+    ``kept``: the policy keeps each job's key on the job (``Job.rank_key``), read in place
+    of calling ``key`` (which must agree with it): an attribute read, not a call through a
+    Python callable and a new tuple, for each started job at each walk."""
 
-    def __init__(self, key: Callable[[Job], Key], keys: dict[int, Key] | None = None,
-                 static: bool = False):
+    def __init__(self, key: Callable[[Job], Key], kept: bool = False, static: bool = False):
         self.key = key
-        self.keys = keys
+        self.kept = kept
         self.static = static
         self.fresh = Fresh()
         self.ran: dict[int, Job] = {}
@@ -361,13 +360,11 @@ class Ranked:
             self.starting.clear()
 
     def _key(self, job: Job) -> Key:
-        keys = self.keys
-        return self.key(job) if keys is None else keys[job.job_id]
+        return job.rank_key if self.kept else self.key(job)
 
     def _keyed(self, jobs: Iterable[Job]) -> list[tuple[Key, Job]]:
-        keys = self.keys
-        if keys is not None:
-            return [(keys[j.job_id], j) for j in jobs]
+        if self.kept:
+            return [(j.rank_key, j) for j in jobs]
         key = self.key
         return [(key(j), j) for j in jobs]
 
@@ -406,9 +403,8 @@ class Ranked:
         """The smallest key of a job here not in ``leave_out``, of the jobs that have not run
         only those with a need of at most ``floor`` (the others a walk with that floor passes;
         ``NEVER``: every job); None when there is none."""
-        key_of = self.keys
-        if key_of is not None:
-            keys = [key_of[j.job_id] for j in self.ran.values() if j.job_id not in leave_out]
+        if self.kept:
+            keys = [j.rank_key for j in self.ran.values() if j.job_id not in leave_out]
         else:
             key = self.key
             keys = [key(j) for jid, j in self.ran.items() if jid not in leave_out]
