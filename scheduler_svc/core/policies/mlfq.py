@@ -24,7 +24,7 @@ from scheduler_svc.core.cost_model import CostModel
 from scheduler_svc.core.job import Job
 from scheduler_svc.core.job_id import JobId
 from scheduler_svc.core.policies.base import Policy, register
-from scheduler_svc.core.policies.ranked import NEVER, FreshWalk, Key, Ranked, WalkSkip
+from scheduler_svc.core.policies.ranked import NEVER, FreshWalk, KeptKey, Key, Ranked, WalkSkip
 from scheduler_svc.core.policies.repeated_sum import add_repeatedly
 from scheduler_svc.core.policies.starvation import StarvationClock
 
@@ -45,7 +45,7 @@ class SkipJoinMLFQ(Policy):
         # so the walk can pass the jobs that have not run and cannot).
         # A job's key is its place, kept on the job (``Job.rank_key``) from one change to the
         # next: read by each queue's walk, not computed per read.
-        self._queues = [Ranked(self._key, kept=True) for _ in range(config.mlfq_num_queues)]
+        self._queues = [Ranked(KeptKey()) for _ in range(config.mlfq_num_queues)]
         self._tail = self._head = 0
         # Each job's queue and service there, in one record: a lookup per job per iteration.
         self._entry: dict[int, _Entry] = {}

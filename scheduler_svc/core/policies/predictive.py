@@ -24,7 +24,7 @@ from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.cost_model import CostModel
 from scheduler_svc.core.job import Job
 from scheduler_svc.core.policies.base import Policy, enst_by_place, register
-from scheduler_svc.core.policies.ranked import NEVER, Key, Ranked, WalkSkip
+from scheduler_svc.core.policies.ranked import NEVER, Key, Ranked, RankKey, WalkSkip
 from scheduler_svc.core.policies.starvation import StarvationClock
 
 # The starvation limit grows with the job's predicted size, ``starve_limit x (1 + remaining /
@@ -46,8 +46,8 @@ class Predictive(Policy):
         self._jobs: dict[int, Job] = {}
         # Promoted for starving, until they run: ahead of every job in _ranked. Under
         # overload most of the queue starves, so these are kept ranked too.
-        self._boosted = Ranked(self._key)
-        self._ranked = Ranked(self._key)
+        self._boosted = Ranked(_Key(self))
+        self._ranked = Ranked(_Key(self))
         self.starvation = StarvationClock(config.starve_limit_s)
         self._starve_tokens = config.starve_tokens
         self._aging_s = config.predictive_aging_s
@@ -210,6 +210,14 @@ class Predictive(Policy):
     def queues(self) -> list[tuple[str, int]]:
         return [("starving", len(self._boosted)),
                 ("ranked", len(self._jobs) - len(self._boosted))]
+
+
+class _Key(RankKey):
+    def __init__(self, policy: Predictive):
+        self.policy = policy
+
+    def of(self, job: Job) -> Key:
+        return self.policy._key(job)
 
 
 register(Predictive)

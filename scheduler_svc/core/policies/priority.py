@@ -9,7 +9,7 @@ from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.cost_model import CostModel
 from scheduler_svc.core.job import Job
 from scheduler_svc.core.policies.base import Policy, enst_by_place, register
-from scheduler_svc.core.policies.ranked import NEVER, Key, Ranked, WalkSkip
+from scheduler_svc.core.policies.ranked import NEVER, Key, Ranked, RankKey, WalkSkip
 
 
 class _SortedPolicy(Policy):
@@ -22,7 +22,7 @@ class _SortedPolicy(Policy):
 
     def __init__(self, config: SchedulerConfig, cost_model: CostModel | None = None):
         super().__init__(config, cost_model)
-        self._ranked = Ranked(self._full_key, static=self.static_keys)
+        self._ranked = Ranked(_Key(self), static=self.static_keys)
 
     def key(self, job: Job) -> float:
         raise NotImplementedError
@@ -104,6 +104,14 @@ class SRPTOracle(_SortedPolicy):
         # A decode only lowers its job's key: the batch stays ahead of every other job the
         # walk reads (its own order may change, which moves no job in or out).
         return len(starts)
+
+
+class _Key(RankKey):
+    def __init__(self, policy: _SortedPolicy):
+        self.policy = policy
+
+    def of(self, job: Job) -> Key:
+        return self.policy._full_key(job)
 
 
 register(ShortestPromptFirst)

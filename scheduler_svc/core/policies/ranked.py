@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from operator import itemgetter
 
 from scheduler_svc.core.job import Job
+from scheduler_svc.core.job_id import JobId
 from scheduler_svc.core.policies.bucket_index import BucketIndex
 
 # (primary key, secondary, tertiary): unique per job (the job id is in it), compared as is.
@@ -111,11 +112,12 @@ class Fresh:
         elif not self._stale:
             self.index.set(i, self.least[i], len(keys))
 
-    def remove(self, job_id: int) -> bool:
+    def remove(self, job_id: JobId) -> bool:
         """Take the job out; whether it was here."""
-        key = self.key_of.pop(job_id, None)
+        key = self.key_of.get(job_id)
         if key is None:
             return False
+        del self.key_of[job_id]
         i = bisect_left(self.last, key)
         keys = self.keys[i]
         p = bisect_left(keys, key)
@@ -267,6 +269,33 @@ def _guarded(guards: list[Key], lo: Key, hi: Key) -> bool:
     return i < len(guards) and guards[i] <= hi
 
 
+class RankKey:
+    """A job's key in a ``Ranked``, ``of(job)``: a subclass's method, called as compiled code
+    calls one (a Python callable is called through Python's protocol, 250 instructions a
+    call: a call per started job per walk)."""
+
+    def of(self, job: Job) -> Key:
+        raise NotImplementedError
+
+
+class KeyCall(RankKey):
+    """Any callable as a ``RankKey``."""
+
+    def __init__(self, fn: Callable[[Job], Key]):
+        self.fn = fn
+
+    def of(self, job: Job) -> Key:
+        return self.fn(job)
+
+
+class KeptKey(RankKey):
+    """The key a policy keeps on the job (``Job.rank_key``): an attribute read, where the key
+    moves only when the policy moves it (the MLFQ's place in a queue)."""
+
+    def of(self, job: Job) -> Key:
+        return job.rank_key
+
+
 class Ranked:
     """A policy's live jobs by ``key``: the ones that have not run in ``Fresh`` (their keys
     fixed), the rest sorted per Step. ``key`` must stay what it was for a job that has not
@@ -274,13 +303,10 @@ class Ranked:
     ``settle`` before each walk and whenever keys of started jobs may have moved since.
     ``static``: no job's key ever moves (``fixed-priority``), so the started jobs stay sorted
     from one Step to the next, each one placed as it starts, instead of sorted per walk.
-    ``kept``: the policy keeps each job's key on the job (``Job.rank_key``), read in place
-    of calling ``key`` (which must agree with it): an attribute read, not a call through a
-    Python callable and a new tuple, for each started job at each walk."""
+    ``key`` is a ``RankKey`` (or any callable, wrapped in one)."""
 
-    def __init__(self, key: Callable[[Job], Key], kept: bool = False, static: bool = False):
-        self.key = key
-        self.kept = kept
+    def __init__(self, key: RankKey | Callable[[Job], Key], static: bool = False):
+        self.key = key if isinstance(key, RankKey) else KeyCall(key)
         self.static = static
         self.fresh = Fresh()
         self.ran: dict[int, Job] = {}
@@ -309,11 +335,14 @@ class Ranked:
         else:
             self.fresh.add(job, self._key(job))
 
-    def remove(self, job_id: int) -> bool:
-        """Take the job out; whether it was here."""
-        self.starting.pop(job_id, None)
-        job = self.ran.pop(job_id, None)
+    def remove(self, job_id: JobId) -> bool:
+        """Take the job out; whether it was here (a lookup or two where it was not: the
+        predictive policy asks for every job of every batch)."""
+        if job_id in self.starting:
+            del self.starting[job_id]
+        job = self.ran.get(job_id)
         if job is not None:
+            del self.ran[job_id]
             ran = self._ran_sorted
             if ran is None:
                 return True
@@ -354,19 +383,17 @@ class Ranked:
             self._moved = True
         if self.starting:
             for jid, job in self.starting.items():
-                self.fresh.remove(jid)
+                self.fresh.remove(job.job_id)
                 self.ran[jid] = job
                 self._placed(job)
             self.starting.clear()
 
     def _key(self, job: Job) -> Key:
-        return job.rank_key if self.kept else self.key(job)
+        return self.key.of(job)
 
     def _keyed(self, jobs: Iterable[Job]) -> list[tuple[Key, Job]]:
-        if self.kept:
-            return [(j.rank_key, j) for j in jobs]
         key = self.key
-        return [(key(j), j) for j in jobs]
+        return [(key.of(j), j) for j in jobs]
 
     def _sorted(self, jobs: Iterable[Job]) -> list[tuple[Key, Job]]:
         return sorted(self._keyed(jobs), key=_first)
@@ -403,11 +430,8 @@ class Ranked:
         """The smallest key of a job here not in ``leave_out``, of the jobs that have not run
         only those with a need of at most ``floor`` (the others a walk with that floor passes;
         ``NEVER``: every job); None when there is none."""
-        if self.kept:
-            keys = [j.rank_key for j in self.ran.values() if j.job_id not in leave_out]
-        else:
-            key = self.key
-            keys = [key(j) for jid, j in self.ran.items() if jid not in leave_out]
+        key = self.key
+        keys = [key.of(j) for j in self.ran.values() if j.job_id not in leave_out]
         fresh = self.fresh
         if floor >= NEVER:
             if fresh.keys:
