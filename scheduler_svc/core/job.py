@@ -110,7 +110,7 @@ class Job:
     # job at its true length through max_tokens, and states the real bound here).
     length_cap: int | None
     # The job's key in its policy's order, where the policy keeps keys rather than computes
-    # them (the MLFQ: its place in its queue); read by ``Ranked`` with ``kept``.
+    # them (the MLFQ: its place in its queue); read by ``Ranked`` through ``KeptKey``.
     rank_key: tuple[float, ...]
 
     def __init__(self, job_id: int, prompt: list[int], max_tokens: int, arrival_time: float,

@@ -9,6 +9,7 @@ import pytest
 
 from scheduler_svc.core.job import Job
 from scheduler_svc.core.policies import ranked
+from scheduler_svc.core.policies.rank_key import KeptKey
 from scheduler_svc.core.policies.ranked import Ranked, WalkSkip
 
 
@@ -53,7 +54,7 @@ def test_walks_and_places_match_a_full_sort(seed: int, bucket: int, mode: str,
     # "kept": the keys read from the jobs, where the owner keeps them (as the MLFQ does),
     # never computed.
     kept = mode == "kept"
-    r = Ranked(ranked.KeptKey()) if kept else Ranked(key, static=static)
+    r = Ranked(KeptKey()) if kept else Ranked(key, static=static)
     jobs: dict[int, Job] = {}
     next_id = 0
     for _ in range(40):

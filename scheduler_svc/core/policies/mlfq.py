@@ -24,7 +24,8 @@ from scheduler_svc.core.cost_model import CostModel
 from scheduler_svc.core.job import Job
 from scheduler_svc.core.job_id import JobId
 from scheduler_svc.core.policies.base import Policy, register
-from scheduler_svc.core.policies.ranked import NEVER, FreshWalk, KeptKey, Key, Ranked, WalkSkip
+from scheduler_svc.core.policies.rank_key import KeptKey, Key
+from scheduler_svc.core.policies.ranked import NEVER, FreshWalk, Ranked, WalkSkip
 from scheduler_svc.core.policies.repeated_sum import add_repeatedly
 from scheduler_svc.core.policies.starvation import StarvationClock
 

@@ -24,7 +24,8 @@ from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.cost_model import CostModel
 from scheduler_svc.core.job import Job
 from scheduler_svc.core.policies.base import Policy, enst_by_place, register
-from scheduler_svc.core.policies.ranked import NEVER, Key, Ranked, RankKey, WalkSkip
+from scheduler_svc.core.policies.rank_key import Key, RankKey
+from scheduler_svc.core.policies.ranked import NEVER, Ranked, WalkSkip
 from scheduler_svc.core.policies.starvation import StarvationClock
 
 # The starvation limit grows with the job's predicted size, ``starve_limit x (1 + remaining /
