@@ -42,9 +42,7 @@ class StarvationClock:
 
     def touch(self, jid: JobId, now: float, scale: float = 1.0) -> None:
         """The job ran (or arrived, or was promoted) at ``now``: its deadline starts over."""
-        w = self._of.get(jid)
-        if w is None:
-            w = self._of[jid] = _Wait()
+        w = self._wait(jid)
         w.deadline = deadline = now + self.limit_s * scale * w.backoff
         if not w.entered or w.queued > deadline:
             # No touch from now on gives an earlier deadline.
@@ -52,14 +50,19 @@ class StarvationClock:
             w.queued, w.entered = early, True
             heapq.heappush(self._waits, (early, jid))
 
+    def _wait(self, jid: JobId) -> _Wait:
+        """The job's record, made on its first touch or promotion."""
+        w = self._of.get(jid)
+        if w is None:
+            w = self._of[jid] = _Wait()
+        return w
+
     def forget(self, jid: JobId) -> None:
         del self._of[jid]
 
     def promoted(self, jid: JobId) -> None:
         """Count a promotion: the job's next limit is twice this one."""
-        w = self._of.get(jid)
-        if w is None:
-            w = self._of[jid] = _Wait()
+        w = self._wait(jid)
         w.times_promoted += 1
         w.backoff *= 2.0
 
